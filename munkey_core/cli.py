@@ -1,0 +1,204 @@
+"""The `munkey` command line: train, predict, forget, evaluate, demo.
+
+User errors (MunkeyError) print one clear message to stderr and exit with status 2; `--json`
+makes a command print exactly one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from munkey_core.errors import MunkeyError
+
+EXIT_USER_ERROR = 2
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a MUNKEY model and write a run directory")
+    p.add_argument("--dataset", default="digits", help="registry name (digits, fashion-mnist, elpv, dermamnist, "
+                   "bloodmnist, pathmnist, cifar10, cifar100, folder:PATH, ...); default: digits")
+    p.add_argument("--out", required=True, help="run directory to create")
+    p.add_argument("--profile", default="auto", help="auto | cpu | vit-tiny | tiny (default auto: vit-tiny on "
+                   "CUDA, cpu otherwise)")
+    p.add_argument("--encoder", default=None, help="key encoder: efficientnet_lite0 (default, offline), "
+                   "efficientnet_lite2, mobilenet_v2, or any timm model name (downloads)")
+    p.add_argument("--data-root", default=None, help="folder holding the dataset's files")
+    p.add_argument("--download", action="store_true", help="download the dataset if it is missing (needs internet)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--keep-checkpoints", type=int, default=10, help="per-epoch checkpoints kept (0 = all)")
+    g = p.add_argument_group("training options (defaults come from the profile)")
+    for name, typ, text in [
+        ("epochs", int, "training epochs"), ("batch-size", int, "batch size"), ("lr", float, "peak learning rate"),
+        ("weight-decay", float, "AdamW weight decay"), ("k", int, "K: neighbours retrieved at inference"),
+        ("k-train", int, "K': neighbours mixed by retrieval simulation"), ("tau", float, "similarity temperature"),
+        ("p-retrieval", float, "p_r: probability of retrieval simulation"),
+        ("p-drop-image", float, "probability of dropping the image pathway"),
+        ("p-drop-token", float, "probability of dropping the exemplar token"),
+        ("augment-shift", float, "random translation (fraction of the side)"),
+        ("max-train", int, "use a stratified subset of this many training images (0 = all)"),
+        ("seed", int, "random seed"), ("exemplar-dim", int, "exemplar vector size"),
+    ]:
+        g.add_argument(f"--{name}", type=typ, default=None, help=text)
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="classify images and show the training cases behind each answer")
+    p.add_argument("run")
+    p.add_argument("images", nargs="+", help="PNG, JPEG, BMP, TIFF or NPY files")
+    p.add_argument("--k", type=int, default=None, help="neighbours to retrieve (default: the run's K)")
+    p.add_argument("--mode", default="ensemble", choices=["ensemble", "softmax_fusion", "rank_fusion"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true")
+
+
+def _add_forget(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("forget", help="delete training samples from a run (key deletion: instant, physical)")
+    p.add_argument("run")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ids", help="comma-separated sample ids, e.g. 12,40,41")
+    src.add_argument("--ids-file", help="text or CSV file of ids (one per line, or an 'id' column)")
+    src.add_argument("--random-fraction", type=float, help="delete this random fraction of the bank")
+    p.add_argument("--seed", type=int, default=0, help="seed for --random-fraction")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true")
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="TA, RA, FA, MIA (cheap attack) and Ps of a run")
+    p.add_argument("run")
+    p.add_argument("--max-samples", type=int, default=2000, help="cap per evaluated set (0 = all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true")
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="train on digits, predict with evidence, delete 10%%, re-evaluate")
+    p.add_argument("--out", default="runs/demo", help="run directory (reused if it exists)")
+    p.add_argument("--profile", default="cpu")
+    p.add_argument("--fraction", type=float, default=0.1)
+    p.add_argument("--device", default="auto")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="munkey", description="Unlearning by design: MUNKEY key deletion.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_demo):
+        add(sub)
+    return parser
+
+
+def _emit(obj: Any, as_json: bool, text: str) -> None:
+    print(json.dumps(obj, default=float) if as_json else text)
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from munkey_core import keys, service
+
+    overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
+                                                "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
+                                                "seed", "exemplar_dim", "max_train")}
+    run = service.train_run(args.dataset, args.out, profile=args.profile, encoder=args.encoder or keys.DEFAULT_ENCODER,
+                            data_root=args.data_root, download=args.download, device=args.device,
+                            overrides=overrides, keep_checkpoints=args.keep_checkpoints)
+    s = run.summary()
+    last = run.history[-1]
+    print(f"trained {s['dataset']} ({s['train_size']} images, profile {s['profile']}) in {s['train_seconds']} s; "
+          f"final train acc {last['train_acc']:.1f}%, val acc {_fmt(last.get('val_acc'), 1)}% -> {args.out}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from munkey_core.service import MunkeyRun
+
+    run = MunkeyRun(args.run, device=args.device)
+    preds = run.predict_files(args.images, k=args.k, mode=args.mode)
+    names = run.class_names
+    items = []
+    for i, path in enumerate(args.images):
+        nbrs = preds.neighbours(i)
+        items.append({
+            "image": str(path), "prediction": int(preds.labels[i]), "class_name": names[int(preds.labels[i])],
+            "confidence": float(preds.confidence[i]), "mode": preds.mode,
+            "neighbours": [{"id": n.id, "label": n.label, "class_name": names[n.label], "similarity": n.similarity,
+                            "weight": n.weight, "predicted": n.predicted} for n in nbrs],
+        })
+    if args.json:
+        _emit(items[0] if len(items) == 1 else {"predictions": items}, True, "")
+        return 0
+    for it in items:
+        print(f"{it['image']}: {it['class_name']} (class {it['prediction']}, confidence {it['confidence']:.3f}, "
+              f"{it['mode']})")
+        print(f"  {'id':>8} {'label':>12} {'similarity':>10} {'weight':>8} {'votes for':>12}")
+        for n in it["neighbours"]:
+            votes = "-" if n["predicted"] is None else names[n["predicted"]]
+            print(f"  {n['id']:>8} {n['class_name']:>12} {n['similarity']:>10.4f} {n['weight']:>8.4f} {votes:>12}")
+    return 0
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    from munkey_core.service import MunkeyRun
+    from munkey_core.unlearn.keydelete import parse_ids, read_ids_file
+
+    if args.ids is not None:
+        ids = parse_ids(args.ids, source="--ids")
+    elif args.ids_file is not None:
+        ids = read_ids_file(args.ids_file)
+    else:
+        ids = None
+    run = MunkeyRun(args.run, device=args.device)
+    res = run.forget(ids) if ids is not None else run.forget_random(args.random_fraction, args.seed)
+    out = {"deleted": res.deleted, "already_deleted": res.already_deleted, "bank_size": res.bank_size,
+           "seconds": res.seconds}
+    text = f"deleted {len(res.deleted)} sample(s) in {res.seconds * 1000:.1f} ms; bank now holds {res.bank_size}"
+    if res.already_deleted:
+        text += f"\nalready deleted earlier (nothing to do): {', '.join(map(str, res.already_deleted))}"
+    _emit(out, args.json, text)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from munkey_core.service import MunkeyRun
+
+    run = MunkeyRun(args.run, device=args.device)
+    m = run.evaluate(max_samples=args.max_samples, seed=args.seed)
+    text = (f"TA {_fmt(m['TA'])}  RA {_fmt(m['RA'])}  FA {_fmt(m['FA'])}  MIA {_fmt(m['MIA'])}  Ps {_fmt(m['Ps'], 3)}"
+            f"\n(n_test {m['n_test']}, n_retain {m['n_retain']}, n_forget {m['n_forget']}; bank {m['bank_size']}, "
+            f"deleted {m['deleted']}; MIA: {m['MIA_attack']})")
+    _emit(m, args.json, text)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from munkey_core.demo import run_demo
+
+    run_demo(Path(args.out), profile=args.profile, fraction=args.fraction, device=args.device)
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "predict": cmd_predict, "forget": cmd_forget, "evaluate": cmd_evaluate,
+            "demo": cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except MunkeyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted; the run directory is unchanged or complete (writes are atomic)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

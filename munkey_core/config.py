@@ -1,0 +1,129 @@
+"""Configuration dataclasses and the hardware size profiles.
+
+A profile fixes the backbone size and the training budget so that a run fits its hardware:
+- `vit-tiny`: the paper's ViT-Tiny/16 (width 192, depth 12, 224 px, 100 epochs, AdamW 1.5e-4). A GPU job.
+- `cpu`: width 128, depth 4, 16 patch tokens at 28 px, at most 10,000 training images: minutes on 2 cores.
+- `tiny`: width 32, depth 2, for tests (seconds).
+`auto` picks `vit-tiny` when CUDA is available, `cpu` otherwise.
+
+The MUNKEY hyperparameters the paper does not report (K, K', tau, p_r, pathway dropout) default to
+the values that worked in our CPU prototype (SPEC.md section 6); all are CLI options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import torch
+
+from munkey_core.errors import MunkeyError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Backbone and memory sizes of a MUNKEY ViT."""
+
+    img_size: int = 28
+    patch_size: int = 7
+    in_chans: int = 1
+    num_classes: int = 10
+    embed_dim: int = 128
+    depth: int = 4
+    num_heads: int = 4
+    mlp_ratio: float = 2.0
+    exemplar_dim: int = 128
+    drop_path_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and MUNKEY-specific training options (see SPEC.md section 2)."""
+
+    epochs: int = 40
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    beta1: float = 0.9
+    beta2: float = 0.99
+    warmup_epochs: float = 1.0
+    label_smoothing: float = 0.0
+    k: int = 8                     # K: neighbours retrieved at inference
+    k_train: int = 8               # K': neighbours mixed by retrieval simulation
+    tau: float = 0.05              # softmax temperature on cosine similarities
+    p_retrieval: float = 0.5       # p_r: probability a sample uses its neighbours' exemplars
+    p_drop_image: float = 0.2      # probability the image pathway is replaced by null_img
+    p_drop_token: float = 0.2      # probability the exemplar token is replaced by null_tok
+    augment_shift: float = 0.1     # random translation, as a fraction of the side (backbone input only)
+    max_train: int | None = None   # stratified subset of the training split (None or 0: all)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named hardware profile: model size plus training budget."""
+
+    name: str
+    model: ModelConfig
+    train: TrainConfig
+    description: str
+
+
+PROFILES: dict[str, Profile] = {
+    "tiny": Profile(
+        "tiny",
+        ModelConfig(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, exemplar_dim=16),
+        TrainConfig(epochs=3, batch_size=64, lr=2e-3, k=4, k_train=4),
+        "test-sized: width 32, depth 2, 16 tokens; trains in seconds",
+    ),
+    "cpu": Profile(
+        "cpu",
+        ModelConfig(img_size=28, patch_size=7, embed_dim=128, depth=4, num_heads=4, exemplar_dim=128),
+        TrainConfig(epochs=40, batch_size=128, lr=1e-3, max_train=10_000),
+        "2-core laptop: width 128, depth 4, 16 tokens at 28 px, <= 10k training images",
+    ),
+    "vit-tiny": Profile(
+        "vit-tiny",
+        ModelConfig(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3, mlp_ratio=4.0,
+                    exemplar_dim=128, drop_path_rate=0.1),
+        TrainConfig(epochs=100, batch_size=128, lr=1.5e-4, warmup_epochs=5.0),
+        "the paper's ViT-Tiny/16 (width 192, depth 12, 224 px, 100 epochs): a GPU job",
+    ),
+}
+
+
+def resolve_profile(name: str) -> Profile:
+    """The profile called `name`; `auto` picks by hardware."""
+    if name == "auto":
+        name = "vit-tiny" if torch.cuda.is_available() else "cpu"
+    if name not in PROFILES:
+        raise MunkeyError(f"Unknown profile '{name}'. Choose one of: auto, {', '.join(PROFILES)}.")
+    return PROFILES[name]
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """CUDA when present (or asked for and present), CPU otherwise."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise MunkeyError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu.")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise MunkeyError(f"Unknown device '{name}'; use auto, cpu or cuda.") from None
+
+
+def with_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """A copy of dataclass `cfg` with the non-None entries of `overrides` that name its fields."""
+    names = {f.name for f in fields(cfg)}
+    return replace(cfg, **{k: v for k, v in overrides.items() if k in names and v is not None})
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Build dataclass `cls` from a dict, ignoring unknown keys (forward compatibility)."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+__all__ = ["ModelConfig", "TrainConfig", "Profile", "PROFILES", "resolve_profile", "resolve_device",
+           "with_overrides", "from_dict", "asdict"]

@@ -1,0 +1,105 @@
+"""The run directory: the unit users handle. Layout:
+
+    config.json       dataset, encoder, profile, model and training configs, class names
+    model.pt          backbone + adapter + null tokens (state dict)
+    bank.npz          ids, labels, keys, exemplars, AdamW moments of the exemplars
+    forgotten.json    every deleted id with its request time (written *before* the bank, see below)
+    history.json      per-epoch training record
+    metrics.json      every evaluation, in order
+    checkpoints/      epoch_NNN.pt: weights + exemplars of the newest epochs
+
+Every file is written atomically. A deletion writes forgotten.json first, then purges the
+checkpoints, then the bank; `recover` rolls an interrupted deletion forward on the next load, so
+the run is always either before or after a request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from munkey_core.errors import MunkeyError
+from munkey_core.storage import read_json
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model.pt"
+
+    @property
+    def bank(self) -> Path:
+        return self.root / "bank.npz"
+
+    @property
+    def forgotten(self) -> Path:
+        return self.root / "forgotten.json"
+
+    @property
+    def history(self) -> Path:
+        return self.root / "history.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+
+def open_run(path: str | Path) -> RunPaths:
+    """Check that `path` is a run directory and return its paths."""
+    root = Path(path)
+    if not root.is_dir():
+        raise MunkeyError(f"Run directory {root} does not exist. Train one with 'munkey train --out {root}'.")
+    paths = RunPaths(root)
+    for required in (paths.config, paths.model, paths.bank):
+        if not required.exists():
+            raise MunkeyError(f"{root} is not a complete run directory ({required.name} is missing). "
+                              "Train one with 'munkey train', or restore it from a backup.")
+    return paths
+
+
+def read_config(paths: RunPaths) -> dict:
+    """The run's config.json, checked for the fields every command needs."""
+    cfg = read_json(paths.config)
+    missing = [k for k in ("dataset", "model", "train", "encoder", "class_names") if k not in cfg]
+    if missing:
+        raise MunkeyError(f"{paths.config} lacks {', '.join(missing)}; the run directory is damaged.")
+    return cfg
+
+
+def read_forgotten(paths: RunPaths) -> dict:
+    """{'ids': [...], 'requests': [...]} (empty when nothing was deleted)."""
+    if not paths.forgotten.exists():
+        return {"ids": [], "requests": []}
+    data = read_json(paths.forgotten)
+    if not isinstance(data, dict) or not isinstance(data.get("ids"), list):
+        raise MunkeyError(f"{paths.forgotten} is damaged; restore the run from a backup.")
+    return data
+
+
+def read_list(path: Path) -> list:
+    """A JSON list file, empty when absent."""
+    return read_json(path) if path.exists() else []
+
+
+def load_state_dict(path: Path, device: torch.device) -> dict:
+    """torch.load a weights file with a clear error if it is damaged."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:
+        raise MunkeyError(f"{path} is damaged or truncated ({type(exc).__name__}); restore the run "
+                          "from a backup or retrain it.") from None

@@ -1,0 +1,279 @@
+"""What the CLI and the dashboard call: train a run, open it, predict with evidence, forget, evaluate.
+
+One `MunkeyRun` holds one loaded run (model, bank, lazily the dataset and key encoder) and a lock,
+so a UI thread and a background job never interleave a deletion with a prediction.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from munkey_core import data as data_mod
+from munkey_core import keys as keys_mod
+from munkey_core.config import ModelConfig, TrainConfig, from_dict, resolve_device, resolve_profile, with_overrides
+from munkey_core.errors import MunkeyError
+from munkey_core.images import match_channels, read_image_file, resize_to
+from munkey_core.memory import MemoryBank
+from munkey_core.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc, pathway_sensitivity
+from munkey_core.model import MunkeyViT, preprocess_images
+from munkey_core.predict import Predictions, predict
+from munkey_core.rundir import (FORMAT_VERSION, RunPaths, load_state_dict, open_run, read_config, read_forgotten,
+                                read_list)
+from munkey_core.storage import atomic_torch_save, atomic_write_json
+from munkey_core.train import TrainData, train_munkey
+from munkey_core.unlearn.keydelete import purge_checkpoints, random_ids
+
+Progress = Callable[[str, float], None]  # (stage, fraction done)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class ForgetResult:
+    """Outcome of a deletion request."""
+
+    deleted: list[int]
+    already_deleted: list[int]
+    bank_size: int
+    seconds: float
+
+
+def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: str = keys_mod.DEFAULT_ENCODER,
+              data_root: str | Path | None = None, download: bool = False, device: str = "auto",
+              overrides: dict | None = None, keep_checkpoints: int = 10, progress: bool = True,
+              on_epoch: Callable[[dict], None] | None = None) -> "MunkeyRun":
+    """Train a MUNKEY model on a registry dataset and write a run directory at `out`."""
+    out = Path(out)
+    if (out / "config.json").exists():
+        raise MunkeyError(f"{out} already holds a run. Choose another --out, or delete that directory first.")
+    prof = resolve_profile(profile)
+    overrides = dict(overrides or {})
+    train_cfg = with_overrides(prof.train, overrides)
+    dev = resolve_device(device)
+    ds = data_mod.load_dataset(dataset, data_root, download=download, seed=train_cfg.seed,
+                               max_train=train_cfg.max_train or None)
+    enc = keys_mod.load_encoder(encoder, device=dev)
+    train_keys = keys_mod.cached_keys(enc, ds.train.images, ds.train.ids, dataset=ds.name, split="train",
+                                      progress=progress)
+    val_keys = keys_mod.cached_keys(enc, ds.val.images, ds.val.ids, dataset=ds.name, split="val", progress=progress)
+    model_cfg = with_overrides(prof.model, {**overrides, "in_chans": ds.channels, "num_classes": ds.num_classes})
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    result = train_munkey(
+        model_cfg, train_cfg,
+        TrainData(ds.train.images, ds.train.labels, ds.train.ids, train_keys),
+        val=TrainData(ds.val.images, ds.val.labels, ds.val.ids, val_keys),
+        device=dev, checkpoint_dir=out / "checkpoints", keep_checkpoints=keep_checkpoints,
+        progress=progress, on_epoch=on_epoch)
+    seconds = time.perf_counter() - t0
+    paths = RunPaths(out)
+    atomic_torch_save(paths.model, result.model.state_dict())
+    result.bank.save(paths.bank)
+    atomic_write_json(paths.history, result.history)
+    atomic_write_json(paths.config, {
+        "format": FORMAT_VERSION, "created": _now(), "dataset": ds.name,
+        "data_root": None if data_root is None else str(Path(data_root).resolve()),
+        "class_names": list(ds.class_names), "image_shape": list(ds.image_shape), "channels": ds.channels,
+        "encoder": enc.describe(), "profile": prof.name, "model": asdict(model_cfg), "train": asdict(train_cfg),
+        "train_size": len(ds.train), "train_seconds": round(seconds, 1), "device": str(dev),
+    })
+    return MunkeyRun(out, device=device)
+
+
+class MunkeyRun:
+    """A loaded run directory: the model, its current bank, and the operations on them."""
+
+    def __init__(self, path: str | Path, device: str = "auto") -> None:
+        self.paths = open_run(path)
+        self.config = read_config(self.paths)
+        self.device = resolve_device(device)
+        self.model_cfg: ModelConfig = from_dict(ModelConfig, self.config["model"])
+        self.train_cfg: TrainConfig = from_dict(TrainConfig, self.config["train"])
+        self.model = MunkeyViT(self.model_cfg).to(self.device)
+        try:
+            self.model.load_state_dict(load_state_dict(self.paths.model, self.device))
+        except RuntimeError:
+            raise MunkeyError(f"{self.paths.model} does not match the run's config; the run is damaged.") from None
+        self.model.eval()
+        self.bank = MemoryBank.load(self.paths.bank).to(self.device)
+        self.forgotten = read_forgotten(self.paths)
+        self.lock = threading.RLock()
+        self._encoder: keys_mod.KeyEncoder | None = None
+        self._dataset = None
+        self._recover()
+
+    # ----- lazily loaded parts -------------------------------------------------------------
+    @property
+    def encoder(self) -> keys_mod.KeyEncoder:
+        if self._encoder is None:
+            enc = self.config["encoder"]
+            self._encoder = keys_mod.load_encoder(enc["name"], device=self.device, resolution=enc.get("resolution"))
+        return self._encoder
+
+    @property
+    def dataset(self):
+        if self._dataset is None:
+            self._dataset = data_mod.load_dataset(self.config["dataset"], self.config.get("data_root"),
+                                                  seed=self.train_cfg.seed, max_train=self.train_cfg.max_train or None)
+        return self._dataset
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.config["class_names"])
+
+    @property
+    def forgotten_ids(self) -> list[int]:
+        return [int(i) for i in self.forgotten["ids"]]
+
+    @property
+    def history(self) -> list[dict]:
+        return read_list(self.paths.history)
+
+    @property
+    def metrics_history(self) -> list[dict]:
+        return read_list(self.paths.metrics)
+
+    # ----- prediction ----------------------------------------------------------------------
+    def prepare_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """User images (H, W, C) uint8 of any size/channels -> (B, H0, W0, C0) like the training data."""
+        if len(images) == 0:
+            raise MunkeyError("No image given; pass at least one PNG, JPEG or NPY file.")
+        shape = tuple(self.config["image_shape"])
+        return np.stack([resize_to(match_channels(img, self.config["channels"]), shape) for img in images])
+
+    def predict_images(self, images: Sequence[np.ndarray], *, k: int | None = None, mode: str = "ensemble",
+                       pathway: str = "both") -> Predictions:
+        """Predict user images with the current bank; each prediction carries its evidence."""
+        batch = self.prepare_images(images)
+        keys = self.encoder.encode(batch)
+        return self.predict_prepared(batch, keys, k=k, mode=mode, pathway=pathway)
+
+    def predict_prepared(self, images: np.ndarray, keys: np.ndarray, *, k: int | None = None,
+                         mode: str = "ensemble", pathway: str = "both", neighbour_predictions: bool = True,
+                         exclude=None) -> Predictions:
+        """Predict dataset-shaped uint8 images whose keys are known."""
+        x = preprocess_images(torch.from_numpy(np.ascontiguousarray(images)).to(self.device), self.model_cfg.img_size)
+        with self.lock:
+            return predict(self.model, self.bank, x, keys, k=k or self.train_cfg.k, tau=self.train_cfg.tau,
+                           mode=mode, pathway=pathway, neighbour_predictions=neighbour_predictions, exclude=exclude)
+
+    def predict_files(self, paths: Sequence[str | Path], **kwargs) -> Predictions:
+        return self.predict_images([read_image_file(p) for p in paths], **kwargs)
+
+    # ----- deletion ------------------------------------------------------------------------
+    def forget(self, ids: Sequence[int]) -> ForgetResult:
+        """Delete training samples by id: bank rows, their optimiser moments, checkpoint rows.
+
+        Unknown ids refuse the whole request (nothing changes); ids deleted earlier are reported.
+        """
+        t0 = time.perf_counter()
+        ids = list(dict.fromkeys(int(i) for i in ids))
+        if not ids:
+            raise MunkeyError("The deletion request names no sample id. Nothing was deleted.")
+        with self.lock:
+            done = set(self.forgotten_ids)
+            already = [i for i in ids if i in done]
+            unknown = [i for i in ids if i not in done and i not in self.bank]
+            if unknown:
+                shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
+                raise MunkeyError(f"{len(unknown)} id(s) are not training samples of this run: {shown}. "
+                                  "Nothing was deleted.")
+            todo = [i for i in ids if i not in done]
+            if todo:
+                self.forgotten = {"ids": self.forgotten_ids + todo,
+                                  "requests": self.forgotten.get("requests", []) + [{"time": _now(), "ids": todo}]}
+                atomic_write_json(self.paths.forgotten, self.forgotten)  # intent first: recoverable
+                self._apply_deletion(todo)
+        return ForgetResult(todo, already, len(self.bank), time.perf_counter() - t0)
+
+    def forget_random(self, fraction: float, seed: int = 0) -> ForgetResult:
+        """Delete a seeded random fraction of the samples still in the bank."""
+        return self.forget(random_ids(self.bank.ids, fraction, seed))
+
+    def _apply_deletion(self, ids: Sequence[int]) -> None:
+        purge_checkpoints(self.paths.checkpoints, ids)
+        self.bank.delete(ids)
+        self.bank.compact()
+        self.bank.save(self.paths.bank)
+
+    def _recover(self) -> None:
+        """Finish a deletion that was interrupted after forgotten.json was written."""
+        pending = [i for i in self.forgotten_ids if i in self.bank]
+        if pending:
+            self._apply_deletion(pending)
+
+    # ----- evaluation ----------------------------------------------------------------------
+    def evaluate(self, *, max_samples: int = 2000, seed: int = 0, record: bool = True,
+                 progress: Progress | None = None) -> dict:
+        """TA, RA, FA (percent), cheap MIA AUC (percent), Ps; FA and MIA are None when nothing is deleted.
+
+        Each set is a seeded subsample of at most `max_samples` (0 = all), counts reported.
+        """
+        ds = self.dataset
+        report = progress or (lambda stage, frac: None)
+        rng = np.random.default_rng(seed)
+        train_keys = self._split_keys("train")
+        in_bank = np.isin(ds.train.ids, self.bank.ids)
+        forgotten = np.isin(ds.train.ids, self.forgotten_ids)
+        test_idx = _subsample(np.arange(len(ds.test)), max_samples, rng)
+        retain_idx = _subsample(np.flatnonzero(in_bank), max_samples, rng)
+        forget_idx = _subsample(np.flatnonzero(forgotten), max_samples, rng)
+        report("test", 0.0)
+        test_keys = self._split_keys("test")[test_idx]
+        test_imgs, test_y = ds.test.images[test_idx], ds.test.labels[test_idx]
+        both = self.predict_prepared(test_imgs, test_keys, neighbour_predictions=False)
+        report("pathways", 0.3)
+        a_img = accuracy(self.predict_prepared(test_imgs, test_keys, pathway="image",
+                                               neighbour_predictions=False).labels, test_y)
+        a_tok = accuracy(self.predict_prepared(test_imgs, test_keys, pathway="token",
+                                               neighbour_predictions=False).labels, test_y)
+        ta = accuracy(both.labels, test_y)
+        report("retain", 0.6)
+        ret = self.predict_prepared(ds.train.images[retain_idx], train_keys[retain_idx], neighbour_predictions=False)
+        result = {
+            "TA": ta, "RA": accuracy(ret.labels, ds.train.labels[retain_idx]), "FA": None, "MIA": None,
+            "MIA_attack": MIA_CHEAP, "Ps": pathway_sensitivity(a_img, a_tok, ta), "A_img": a_img, "A_tok": a_tok,
+            "A_both": ta, "n_test": int(len(test_idx)), "n_retain": int(len(retain_idx)),
+            "n_forget": int(len(forget_idx)), "bank_size": len(self.bank), "deleted": len(self.forgotten_ids),
+        }
+        if len(forget_idx):
+            report("forget", 0.85)
+            fy = ds.train.labels[forget_idx]
+            fgt = self.predict_prepared(ds.train.images[forget_idx], train_keys[forget_idx],
+                                        neighbour_predictions=False)
+            result["FA"] = accuracy(fgt.labels, fy)
+            result["MIA"] = mia_auc(cross_entropy(fgt.probs, fy), fy, cross_entropy(both.probs, test_y), test_y)
+        report("done", 1.0)
+        if record:
+            with self.lock:
+                atomic_write_json(self.paths.metrics, self.metrics_history + [{"time": _now(), **result}])
+        return result
+
+    def _split_keys(self, split: str) -> np.ndarray:
+        s = self.dataset.split(split)
+        return keys_mod.cached_keys(self.encoder, s.images, s.ids, dataset=self.dataset.name, split=split,
+                                    progress=False)
+
+    def summary(self) -> dict:
+        """The model card: what this run is, and how big its bank is now."""
+        c = self.config
+        return {"dataset": c["dataset"], "encoder": c["encoder"]["name"], "profile": c["profile"],
+                "classes": len(c["class_names"]), "train_size": c.get("train_size"), "bank_size": len(self.bank),
+                "deleted": len(self.forgotten_ids), "created": c.get("created"),
+                "train_seconds": c.get("train_seconds"), "device": str(self.device)}
+
+
+def _subsample(index: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:
+    if cap and len(index) > cap:
+        return np.sort(rng.choice(index, size=cap, replace=False))
+    return index

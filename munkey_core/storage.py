@@ -1,0 +1,67 @@
+"""Atomic file writes: a crash leaves the old file or the new one, never a mix.
+
+Each write goes to a temporary file in the same directory, is fsync'ed, renamed over the target
+with os.replace (atomic on POSIX), and the directory is fsync'ed so the rename itself is durable.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically and durably."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Write `obj` as indented UTF-8 JSON, atomically."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def atomic_torch_save(path: Path, obj: Any) -> None:
+    """torch.save `obj` atomically."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file; a missing or damaged file raises MunkeyError naming it."""
+    from munkey_core.errors import MunkeyError
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MunkeyError(f"Missing file {path}. Is this a run directory made by 'munkey train'?") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MunkeyError(f"{path} is damaged ({type(exc).__name__}); restore the run from a backup.") from None

@@ -1,0 +1,173 @@
+"""MUNKEY training: backbone, adapter, null tokens and every exemplar v_i, jointly, with cross-entropy.
+
+Per sample and step (SPEC.md section 2):
+- pathway dropout: with p_drop_image the patches become null_img, with p_drop_token the exemplar
+  token becomes null_tok (mutually exclusive; otherwise both pathways are on);
+- retrieval simulation: with p_retrieval the token is h(sum_j w_j v_j) over the K' nearest *other*
+  training samples (w = softmax(sim / tau)), with gradients into those v_j stopped; otherwise h(v_i).
+Keys are frozen, so the K' neighbour lists are computed once before the first epoch.
+AdamW (betas 0.9/0.99) over everything, linear warm-up then cosine decay per step.
+Cost per step: one plain-ViT forward/backward with one extra token, plus a (B, K', Dv) gather.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from munkey_core.config import ModelConfig, TrainConfig
+from munkey_core.memory import MemoryBank
+from munkey_core.model import MunkeyViT, preprocess_images
+from munkey_core.predict import predict
+from munkey_core.storage import atomic_torch_save
+
+EpochCallback = Callable[[dict], None]
+_VAL_CAP = 1000  # validation samples scored per epoch (enough to follow the curve)
+
+
+@dataclass
+class TrainData:
+    """One split ready for training: uint8 images (N, H, W, C), labels, ids and unit-norm keys."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    ids: np.ndarray
+    keys: np.ndarray
+
+
+@dataclass
+class TrainResult:
+    model: MunkeyViT
+    bank: MemoryBank
+    history: list[dict] = field(default_factory=list)
+
+
+def neighbour_table(bank: MemoryBank, k_train: int, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every bank row, its K' nearest other rows and their softmax(sim / tau) weights."""
+    sims, rows = bank.search(bank.keys, k_train, exclude=[[int(i)] for i in bank.ids])
+    return rows, torch.softmax(sims / tau, dim=1)
+
+
+def random_shift(x: torch.Tensor, fraction: float, gen: torch.Generator) -> torch.Tensor:
+    """Translate each image by up to `fraction` of its side (border padding): cheap augmentation."""
+    if fraction <= 0:
+        return x
+    b = x.shape[0]
+    shift = (torch.rand(b, 2, generator=gen) * 2 - 1).to(x.device) * (2 * fraction)  # normalised coords
+    theta = torch.zeros(b, 2, 3, device=x.device, dtype=x.dtype)
+    theta[:, 0, 0] = theta[:, 1, 1] = 1.0
+    theta[:, :, 2] = shift
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def cosine_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+    """LR multiplier: linear warm-up to 1, then cosine to 0."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, val: TrainData | None = None,
+                 device: torch.device = torch.device("cpu"), checkpoint_dir: Path | None = None,
+                 keep_checkpoints: int = 10, progress: bool = True,
+                 on_epoch: EpochCallback | None = None) -> TrainResult:
+    """Train a MUNKEY model on `train`; returns the model, the trained bank and per-epoch history."""
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    model = MunkeyViT(model_cfg).to(device)
+    bank = MemoryBank.create(train.ids, train.labels, train.keys, model_cfg.exemplar_dim, seed=cfg.seed).to(device)
+    nbr_rows, nbr_w = neighbour_table(bank, cfg.k_train, cfg.tau)  # (N, K'), (N, K')
+    values = nn.Parameter(bank.values.clone())  # (N, Dv), row i = exemplar of bank.ids[i]
+    groups = model.param_groups(cfg.weight_decay) + [{"params": [values], "weight_decay": cfg.weight_decay}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    n = len(bank)
+    steps_per_epoch = math.ceil(n / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_schedule(total, int(cfg.warmup_epochs * steps_per_epoch)))
+    images = torch.from_numpy(np.ascontiguousarray(train.images)).to(device)  # (N, H, W, C) uint8
+    labels = torch.from_numpy(train.labels.astype(np.int64)).to(device)
+    history: list[dict] = []
+    bar = tqdm(total=total, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+    for epoch in range(1, cfg.epochs + 1):
+        t0 = time.perf_counter()
+        model.train()
+        loss_sum, correct = 0.0, 0
+        for idx in torch.randperm(n, generator=gen).to(device).split(cfg.batch_size):
+            x = random_shift(preprocess_images(images[idx], model_cfg.img_size), cfg.augment_shift, gen)
+            token, drop_img, drop_tok = _sample_tokens(values, idx, nbr_rows, nbr_w, cfg, gen)
+            logits = model(x, token, drop_img, drop_tok)
+            loss = F.cross_entropy(logits, labels[idx], label_smoothing=cfg.label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            loss_sum += loss.item() * len(idx)
+            correct += (logits.argmax(1) == labels[idx]).sum().item()
+            bar.update(1)
+            bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
+        bank.values = values.detach()
+        record = {"epoch": epoch, "loss": loss_sum / n, "train_acc": 100.0 * correct / n,
+                  "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0}
+        if val is not None and len(val.labels):
+            record["val_acc"] = validation_accuracy(model, bank, val, cfg)
+        history.append(record)
+        bar.set_postfix(epoch=epoch, loss=f"{record['loss']:.3f}", acc=f"{record['train_acc']:.1f}",
+                        val=f"{record.get('val_acc', float('nan')):.1f}")
+        if checkpoint_dir is not None:
+            save_checkpoint(checkpoint_dir, epoch, model, bank, record, keep_checkpoints)
+        if on_epoch is not None:
+            on_epoch(record)
+    bar.close()
+    bank.values = values.detach().clone()
+    state = opt.state[values]
+    bank.moments = {"exp_avg": state["exp_avg"].detach().clone(), "exp_avg_sq": state["exp_avg_sq"].detach().clone()}
+    return TrainResult(model.eval(), bank, history)
+
+
+def _sample_tokens(values: torch.Tensor, idx: torch.Tensor, nbr_rows: torch.Tensor, nbr_w: torch.Tensor,
+                   cfg: TrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exemplar vectors (B, Dv) for a batch plus the pathway-dropout masks (B,), (B,)."""
+    b = len(idx)
+    u = torch.rand(b, generator=gen).to(idx.device)
+    drop_img = u < cfg.p_drop_image
+    drop_tok = (u >= cfg.p_drop_image) & (u < cfg.p_drop_image + cfg.p_drop_token)
+    use_nbrs = (torch.rand(b, generator=gen) < cfg.p_retrieval).to(idx.device)
+    own = values[idx]  # (B, Dv)
+    mixed = (nbr_w[idx][..., None] * values.detach()[nbr_rows[idx]]).sum(dim=1)  # (B, Dv), stop-grad
+    return torch.where(use_nbrs[:, None], mixed, own), drop_img, drop_tok
+
+
+def validation_accuracy(model: MunkeyViT, bank: MemoryBank, val: TrainData, cfg: TrainConfig) -> float:
+    """Ensemble accuracy (percent) on up to _VAL_CAP validation samples."""
+    m = min(len(val.labels), _VAL_CAP)
+    device = next(model.parameters()).device
+    x = preprocess_images(torch.from_numpy(np.ascontiguousarray(val.images[:m])).to(device), model.cfg.img_size)
+    preds = predict(model, bank, x, val.keys[:m], k=cfg.k, tau=cfg.tau, neighbour_predictions=False)
+    model.train()
+    return float(100.0 * (preds.labels == val.labels[:m]).mean())
+
+
+def save_checkpoint(directory: Path, epoch: int, model: MunkeyViT, bank: MemoryBank, record: dict,
+                    keep: int) -> Path:
+    """Write epoch `epoch`'s weights and exemplars; keep only the newest `keep` (0 keeps all)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"epoch_{epoch:03d}.pt"
+    atomic_torch_save(path, {"epoch": epoch, "record": record, "model": model.state_dict(),
+                             "ids": torch.from_numpy(bank.ids.copy()), "values": bank.values.detach().cpu().clone()})
+    if keep > 0:
+        for old in sorted(directory.glob("epoch_*.pt"))[:-keep]:
+            old.unlink()
+    return path

@@ -1,0 +1,95 @@
+"""Key-deletion unlearning: M_u = M minus {(k_i, v_i) : i in D_f}. No gradients, no retain data.
+
+This module turns a user's request (ids, a file of ids, or a random fraction) into a validated id
+list, and purges those ids from every saved copy of the exemplars (per-epoch checkpoints). The
+bank itself deletes with `MemoryBank.delete` (O(1) per id, physical).
+Tests: tests/test_forget.py.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from munkey_core.errors import MunkeyError
+from munkey_core.storage import atomic_torch_save
+
+_HEADER_NAMES = {"id", "ids", "sample_id", "sample"}
+
+
+def parse_ids(text: str, source: str = "ids") -> list[int]:
+    """Parse ids separated by commas, whitespace or new lines; a CSV whose header names an `id`
+    column is read from that column. Malformed tokens raise MunkeyError naming them."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    column = None
+    if lines:
+        header = [t.strip().strip('"').lower() for t in lines[0].split(",")]
+        named = [i for i, t in enumerate(header) if t in _HEADER_NAMES]
+        if named:
+            column, lines = named[0], lines[1:]
+    tokens: list[str] = []
+    for ln in lines:
+        if column is not None:
+            cells = ln.split(",")
+            tokens.append(cells[column].strip().strip('"') if column < len(cells) else "")
+        else:
+            tokens.extend(t for t in re.split(r"[,\s;]+", ln.strip()) if t)
+    bad = [t for t in tokens if not re.fullmatch(r"\d+", t)]
+    if bad:
+        shown = ", ".join(repr(t) for t in bad[:5])
+        raise MunkeyError(f"{source}: {len(bad)} malformed id(s) ({shown}); ids are non-negative integers "
+                          "separated by commas or new lines. Nothing was deleted.")
+    if not tokens:
+        raise MunkeyError(f"{source}: the request names no sample id. Nothing was deleted.")
+    return list(dict.fromkeys(int(t) for t in tokens))
+
+
+def read_ids_file(path: str | Path) -> list[int]:
+    """Ids from a text or CSV file; a missing or binary file raises MunkeyError."""
+    path = Path(path)
+    if not path.is_file():
+        raise MunkeyError(f"The ids file {path} does not exist. Nothing was deleted.")
+    data = path.read_bytes()
+    try:
+        if b"\x00" in data:
+            raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise MunkeyError(f"{path} is not a text file; give one id per line or comma separated. "
+                          "Nothing was deleted.") from None
+    return parse_ids(text, source=str(path))
+
+
+def random_ids(ids: np.ndarray, fraction: float, seed: int) -> list[int]:
+    """A seeded uniform random `fraction` of `ids` (at least one id), sorted."""
+    if not 0.0 < fraction < 1.0:
+        raise MunkeyError(f"--random-fraction must be between 0 and 1 (exclusive), got {fraction}.")
+    if len(ids) == 0:
+        raise MunkeyError("The memory bank is empty; there is nothing left to delete.")
+    count = max(1, int(round(fraction * len(ids))))
+    chosen = np.random.default_rng(seed).choice(np.sort(ids), size=count, replace=False)
+    return sorted(int(i) for i in chosen)
+
+
+def purge_checkpoints(checkpoint_dir: Path, ids: Iterable[int]) -> int:
+    """Remove the exemplar rows of `ids` from every per-epoch checkpoint; returns files rewritten."""
+    drop = set(int(i) for i in ids)
+    rewritten = 0
+    for path in sorted(checkpoint_dir.glob("epoch_*.pt")):
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:
+            raise MunkeyError(f"Checkpoint {path} is damaged; delete it or restore it, then retry.") from None
+        ck_ids = ckpt["ids"].numpy()
+        keep = ~np.isin(ck_ids, list(drop))
+        if keep.all():
+            continue
+        ckpt["ids"] = torch.from_numpy(ck_ids[keep].copy())
+        ckpt["values"] = ckpt["values"][torch.from_numpy(keep)].clone()
+        atomic_torch_save(path, ckpt)
+        rewritten += 1
+    return rewritten

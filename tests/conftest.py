@@ -1,0 +1,38 @@
+"""Shared fixtures: an isolated key cache and one tiny trained run on the real digits data."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch_threads = os.environ.get("MUNKEY_TEST_THREADS")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A key cache shared by the whole test session (keys are computed once)."""
+    path = tmp_path_factory.mktemp("munkey-cache")
+    os.environ["MUNKEY_CACHE"] = str(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_run_template(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run trained once per session with the tiny profile on digits (do not modify: copy it)."""
+    from munkey_core.service import train_run
+
+    out = tmp_path_factory.mktemp("template") / "run"
+    train_run("digits", out, profile="tiny", device="cpu", overrides={"epochs": 4}, progress=False)
+    return out
+
+
+@pytest.fixture
+def tiny_run(tiny_run_template: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny run that a test may change."""
+    dest = tmp_path / "run"
+    shutil.copytree(tiny_run_template, dest)
+    return dest
