@@ -54,6 +54,8 @@ class TrainConfig:
     p_retrieval: float = 0.5       # p_r: probability a sample uses its neighbours' exemplars
     p_drop_image: float = 0.2      # probability the image pathway is replaced by null_img
     p_drop_token: float = 0.2      # probability the exemplar token is replaced by null_tok
+    exemplar_lr_scale: float = 10.0 # exemplar learning rate = lr * this (each row is updated once per epoch)
+    exemplar_init_std: float = 0.02
     augment_shift: float = 0.1     # random translation, as a fraction of the side (backbone input only)
     max_train: int | None = None   # stratified subset of the training split (None or 0: all)
     seed: int = 0
@@ -79,7 +81,7 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         "cpu",
         ModelConfig(img_size=28, patch_size=7, embed_dim=128, depth=4, num_heads=4, exemplar_dim=128),
-        TrainConfig(epochs=40, batch_size=128, lr=1e-3, max_train=10_000),
+        TrainConfig(epochs=80, batch_size=128, lr=1e-3, max_train=10_000),
         "2-core laptop: width 128, depth 4, 16 tokens at 28 px, <= 10k training images",
     ),
     "vit-tiny": Profile(

@@ -263,6 +263,55 @@ def _load_mobilenet_v2() -> tuple[nn.Module, str]:
     return model, f"{spec['dist']}=={_dist_version(spec['dist'])}:{path.name}"
 
 
+def _fold_batchnorm(model: nn.Module, resolution: int) -> int:
+    """Fold every eval-mode BatchNorm that directly follows a Conv2d into that conv (frozen model only).
+
+    BatchNorm is ~25% of CPU inference time in these small CNNs and is a pure per-channel affine map
+    at inference, so `conv -> bn -> act` becomes `conv' -> act`. Pairs are found by tracing one
+    probe forward: a BN is folded only when its input *is* the output tensor of the conv just before
+    it. Returns the number of folded layers; the caller checks the features are unchanged.
+    """
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    names = {m: n for n, m in model.named_modules()}
+    last: dict[str, Any] = {"conv": None, "out": None}
+    pairs: list[tuple[nn.Conv2d, _BatchNorm]] = []
+
+    def conv_hook(mod, inp, out):
+        last["conv"], last["out"] = mod, out
+
+    def bn_pre_hook(mod, inp):
+        if last["conv"] is not None and inp[0] is last["out"] and mod.track_running_stats and not mod.training:
+            pairs.append((last["conv"], mod))
+        last["conv"], last["out"] = None, None
+
+    hooks = [m.register_forward_hook(conv_hook) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    hooks += [m.register_forward_pre_hook(bn_pre_hook) for m in model.modules() if isinstance(m, _BatchNorm)]
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 3, resolution, resolution))
+    finally:
+        for h in hooks:
+            h.remove()
+    seen = set()
+    for conv, bn in pairs:
+        if id(conv) in seen or id(bn) in seen:
+            continue
+        seen.update((id(conv), id(bn)))
+        with torch.no_grad():
+            scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)                   # (C_out,)
+            bias = bn.bias - bn.running_mean * scale
+            conv.weight.mul_(scale.view(-1, 1, 1, 1))
+            if conv.bias is not None:
+                bias = bias + conv.bias * scale
+            conv.bias = nn.Parameter(bias, requires_grad=False)
+        # What remains of the BN: timm's BatchNormAct2d keeps its dropout+activation; plain BN -> identity.
+        rest = nn.Sequential(bn.drop, bn.act) if hasattr(bn, "act") and hasattr(bn, "drop") else nn.Identity()
+        parent_name, _, child = names[bn].rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, rest)
+    return len(seen) // 2
+
+
 def _mobilenet_features(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     def features(x: torch.Tensor) -> torch.Tensor:             # (B, 3, r, r) -> (B, 1280)
         return F.adaptive_avg_pool2d(model.features(x), 1).flatten(1)
@@ -309,7 +358,7 @@ def _load_timm(name: str, resolution: int | None) -> tuple[nn.Module, str, int, 
     except MunkeyError:
         raise
     except Exception as exc:  # no network, missing cache, bad tag, missing optional dependency...
-        raise MunkeyError(_no_weights_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")) from exc
+        raise MunkeyError(_no_weights_message(name, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0].rstrip('. ')}")) from exc
     pc = dict(model.pretrained_cfg or {})
     res = int(resolution if resolution is not None else pc.get("input_size", (3, 224, 224))[-1])
     mean = tuple(pc.get("mean", IMAGENET_MEAN))
@@ -341,9 +390,17 @@ def load_encoder(name: str = DEFAULT_ENCODER, *, device: str | torch.device = "c
         model, weights, res, mean, std = _load_timm(name, resolution)
         arch, features = name, _timm_features(model)
     model.eval().requires_grad_(False)
-    with torch.inference_mode():      # feature width from one probe image (works for any timm head)
-        probe = torch.zeros(1, 3, res, res)
-        dim = int(features(probe.contiguous(memory_format=torch.channels_last)).shape[-1])
+    probe = torch.Generator().manual_seed(0)
+    probe = torch.randn(4, 3, res, res, generator=probe).clamp_(-2, 2)   # (4, 3, res, res)
+    with torch.inference_mode():      # feature width from a probe batch (works for any timm head)
+        ref = features(probe)                                             # (4, dim)
+    dim = int(ref.shape[-1])
+    if name in _OFFLINE:              # frozen small CNNs: fold BatchNorm into the convs (~1.3x faster)
+        _fold_batchnorm(model, res)
+        with torch.inference_mode():
+            err = (features(probe) - ref).abs().max().item() / (ref.abs().max().item() + 1e-12)
+        if err > 1e-3:
+            raise RuntimeError(f"BatchNorm folding changed the {name} features (rel. error {err:.2g})")
     model.to(memory_format=torch.channels_last)
     return KeyEncoder(name, model, features, dim=dim, resolution=res, mean=mean, std=std, weights=weights,
                       arch=arch, device=device)

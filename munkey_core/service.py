@@ -259,6 +259,16 @@ class MunkeyRun:
                 atomic_write_json(self.paths.metrics, self.metrics_history + [{"time": _now(), **result}])
         return result
 
+    def accuracy_on_ids(self, ids: Sequence[int]) -> float | None:
+        """Ensemble accuracy (percent) on the given training samples with the current bank."""
+        ds = self.dataset
+        idx = np.flatnonzero(np.isin(ds.train.ids, np.asarray(list(ids), dtype=np.int64)))
+        if len(idx) == 0:
+            return None
+        preds = self.predict_prepared(ds.train.images[idx], self._split_keys("train")[idx],
+                                      neighbour_predictions=False)
+        return accuracy(preds.labels, ds.train.labels[idx])
+
     def _split_keys(self, split: str) -> np.ndarray:
         s = self.dataset.split(split)
         return keys_mod.cached_keys(self.encoder, s.images, s.ids, dataset=self.dataset.name, split=split,

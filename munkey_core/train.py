@@ -88,10 +88,12 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     model = MunkeyViT(model_cfg).to(device)
-    bank = MemoryBank.create(train.ids, train.labels, train.keys, model_cfg.exemplar_dim, seed=cfg.seed).to(device)
+    bank = MemoryBank.create(train.ids, train.labels, train.keys, model_cfg.exemplar_dim, seed=cfg.seed,
+                             init_std=cfg.exemplar_init_std).to(device)
     nbr_rows, nbr_w = neighbour_table(bank, cfg.k_train, cfg.tau)  # (N, K'), (N, K')
     values = nn.Parameter(bank.values.clone())  # (N, Dv), row i = exemplar of bank.ids[i]
-    groups = model.param_groups(cfg.weight_decay) + [{"params": [values], "weight_decay": cfg.weight_decay}]
+    groups = model.param_groups(cfg.weight_decay) + [{"params": [values], "weight_decay": cfg.weight_decay,
+                                                      "lr": cfg.lr * cfg.exemplar_lr_scale}]
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     n = len(bank)
     steps_per_epoch = math.ceil(n / cfg.batch_size)

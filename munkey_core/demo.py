@@ -1,0 +1,54 @@
+"""The workshop demo: train on the embedded digits data, predict with evidence, delete, re-evaluate.
+
+Runs on a 2-core laptop in a few minutes (CPU profile); an existing run at `out` is reused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from munkey_core.service import MunkeyRun, train_run
+from munkey_core.unlearn.keydelete import random_ids
+
+
+def _row(name: str, before: dict, after: dict) -> str:
+    def f(v):
+        return "    -" if v is None else f"{v:6.2f}"
+    return f"  {name:<4} {f(before.get(name))}  ->  {f(after.get(name))}"
+
+
+def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: str = "auto",
+             print_fn=print) -> dict:
+    """Run the demo end to end and return the before/after metrics and the deletion result."""
+    if (out / "config.json").exists():
+        print_fn(f"reusing the run in {out}")
+        run = MunkeyRun(out, device=device)
+    else:
+        print_fn(f"training MUNKEY on digits (profile {profile}) -> {out}")
+        run = train_run("digits", out, profile=profile, device=device)
+    s = run.summary()
+    print_fn(f"model: {s['dataset']}, encoder {s['encoder']}, bank {s['bank_size']} samples, "
+             f"trained in {s['train_seconds']} s")
+    before = run.evaluate(max_samples=0)
+    ds = run.dataset
+    image, label = ds.test.images[:1], int(ds.test.labels[0])
+    pred = run.predict_images(list(image))
+    names = run.class_names
+    print_fn(f"\ntest sample {int(ds.test.ids[0])} (true class {names[label]}): predicted "
+             f"{names[int(pred.labels[0])]} with confidence {pred.confidence[0]:.3f}; evidence:")
+    for n in pred.neighbours(0):
+        print_fn(f"  training case {n.id:>5}  label {names[n.label]:>3}  similarity {n.similarity:.3f}  "
+                 f"weight {n.weight:.3f}  votes {names[n.predicted]}")
+    res = None
+    if fraction > 0:
+        ids = random_ids(run.bank.ids, fraction, seed=0)
+        before["FA"] = run.accuracy_on_ids(ids)  # the same samples, while still in the bank
+        res = run.forget(ids)
+        print_fn(f"\ndeleted {len(res.deleted)} training samples in {res.seconds * 1000:.1f} ms "
+                 f"(bank now {res.bank_size}); FA before = their accuracy while still in the bank")
+    after = run.evaluate(max_samples=0)
+    print_fn("\nmetrics (percent; MIA = " + after["MIA_attack"] + "):")
+    for name in ("TA", "RA", "FA", "MIA"):
+        print_fn(_row(name, before, after))
+    print_fn(f"  Ps   {before['Ps']:6.3f}  ->  {after['Ps']:6.3f}")
+    return {"before": before, "after": after, "deleted": [] if res is None else res.deleted}

@@ -1,0 +1,154 @@
+"""The `munkey` CLI end to end on a tiny digits run: train, predict, forget, evaluate, and error paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from munkey_core.cli import main
+from munkey_core.memory import MemoryBank
+
+
+def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _bank_fingerprint(run: Path) -> str:
+    return MemoryBank.load(run / "bank.npz").fingerprint()
+
+
+@pytest.fixture
+def digit_png(tmp_path: Path) -> Path:
+    from sklearn.datasets import load_digits
+
+    img = np.rint(load_digits().images[1700] * 255 / 16).astype(np.uint8)
+    path = tmp_path / "digit.png"
+    Image.fromarray(img).resize((32, 32)).save(path)  # another size than the training data
+    return path
+
+
+def test_predict_json_has_prediction_and_evidence(tiny_run: Path, digit_png: Path, tmp_path: Path,
+                                                  capsys) -> None:
+    rgb = tmp_path / "digit_rgb.jpg"
+    Image.open(digit_png).convert("RGB").save(rgb)
+    npy = tmp_path / "digit.npy"
+    np.save(npy, np.asarray(Image.open(digit_png)).astype(np.float32) / 255.0)
+    for image in (digit_png, rgb, npy):
+        code, out, _ = run_cli(capsys, "predict", str(tiny_run), str(image), "--json")
+        assert code == 0
+        obj = json.loads(out)
+        assert 0 <= obj["prediction"] < 10
+        assert len(obj["neighbours"]) == 4  # the tiny profile's K
+        n = obj["neighbours"][0]
+        assert {"id", "label", "similarity", "weight"} <= set(n)
+        sims = [x["similarity"] for x in obj["neighbours"]]
+        assert sims == sorted(sims, reverse=True)
+        assert sum(x["weight"] for x in obj["neighbours"]) == pytest.approx(1.0, abs=1e-4)
+    for mode in ("softmax_fusion", "rank_fusion"):
+        code, out, _ = run_cli(capsys, "predict", str(tiny_run), str(digit_png), "--mode", mode, "--json")
+        assert code == 0 and json.loads(out)["mode"] == mode
+    code, out, _ = run_cli(capsys, "predict", str(tiny_run), str(digit_png))
+    assert code == 0 and "similarity" in out
+
+
+def test_forget_then_evaluate_and_deleted_ids_never_retrieved(tiny_run: Path, digit_png: Path, capsys) -> None:
+    code, out, _ = run_cli(capsys, "evaluate", str(tiny_run), "--json")
+    assert code == 0
+    before = json.loads(out)
+    assert before["FA"] is None and before["MIA"] is None and 0 <= before["TA"] <= 100
+    assert {"TA", "RA", "FA", "MIA", "Ps", "MIA_attack"} <= set(before)
+    size = before["bank_size"]
+    code, out, _ = run_cli(capsys, "forget", str(tiny_run), "--random-fraction", "0.1", "--seed", "1", "--json")
+    assert code == 0
+    res = json.loads(out)
+    assert len(res["deleted"]) == round(0.1 * size) and res["bank_size"] == size - len(res["deleted"])
+    code, out, _ = run_cli(capsys, "evaluate", str(tiny_run), "--json")
+    after = json.loads(out)
+    assert after["FA"] is not None and after["MIA"] is not None and after["n_forget"] == len(res["deleted"])
+    code, out, _ = run_cli(capsys, "predict", str(tiny_run), str(digit_png), "--k", "200", "--json")
+    assert not {n["id"] for n in json.loads(out)["neighbours"]} & set(res["deleted"])
+    for ck in (tiny_run / "checkpoints").glob("*.pt"):
+        import torch
+        assert not set(torch.load(ck, weights_only=True)["ids"].tolist()) & set(res["deleted"])
+    # deleting again is reported, not an error
+    code, out, _ = run_cli(capsys, "forget", str(tiny_run), "--ids", ",".join(map(str, res["deleted"][:2])), "--json")
+    assert code == 0 and json.loads(out)["deleted"] == [] and len(json.loads(out)["already_deleted"]) == 2
+
+
+def test_forget_by_ids_and_ids_file(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    ids = MemoryBank.load(tiny_run / "bank.npz").ids[:5].tolist()
+    code, out, _ = run_cli(capsys, "forget", str(tiny_run), "--ids", f"{ids[0]},{ids[1]}", "--json")
+    assert code == 0 and json.loads(out)["deleted"] == ids[:2]
+    f = tmp_path / "ids.csv"
+    f.write_text("id\n" + "\n".join(map(str, ids[2:])) + "\n")
+    code, out, _ = run_cli(capsys, "forget", str(tiny_run), "--ids-file", str(f), "--json")
+    assert code == 0 and json.loads(out)["deleted"] == ids[2:]
+    forgotten = json.loads((tiny_run / "forgotten.json").read_text())
+    assert forgotten["ids"] == ids and len(forgotten["requests"]) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ids", "999999"], "not training samples"),
+    (["--ids", "1,banana"], "malformed"),
+    (["--ids", ""], "names no sample id"),
+    (["--random-fraction", "1.5"], "between 0 and 1"),
+])
+def test_bad_forget_requests_change_nothing(tiny_run: Path, capsys, args: list[str], message: str) -> None:
+    before = _bank_fingerprint(tiny_run)
+    code, out, err = run_cli(capsys, "forget", str(tiny_run), *args)
+    assert code == 2 and message in err and "Traceback" not in err and out == ""
+    assert _bank_fingerprint(tiny_run) == before
+    assert not (tiny_run / "forgotten.json").exists()
+
+
+def test_unknown_id_among_good_ones_refuses_the_whole_request(tiny_run: Path, capsys) -> None:
+    good = int(MemoryBank.load(tiny_run / "bank.npz").ids[0])
+    code, _, err = run_cli(capsys, "forget", str(tiny_run), "--ids", f"{good},424242")
+    assert code == 2 and "424242" in err
+    assert good in MemoryBank.load(tiny_run / "bank.npz")
+
+
+def test_binary_ids_file_is_refused(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    f = tmp_path / "ids.bin"
+    f.write_bytes(bytes(range(256)))
+    code, _, err = run_cli(capsys, "forget", str(tiny_run), "--ids-file", str(f))
+    assert code == 2 and "not a text file" in err
+
+
+def test_errors_for_missing_run_bad_image_and_damaged_bank(tiny_run: Path, tmp_path: Path, digit_png: Path,
+                                                           capsys) -> None:
+    code, _, err = run_cli(capsys, "evaluate", str(tmp_path / "nowhere"))
+    assert code == 2 and "does not exist" in err
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"definitely not a png")
+    code, _, err = run_cli(capsys, "predict", str(tiny_run), str(bad))
+    assert code == 2 and "not a readable image" in err
+    code, _, err = run_cli(capsys, "predict", str(tiny_run), str(tmp_path / "missing.png"))
+    assert code == 2 and "does not exist" in err
+    data = (tiny_run / "bank.npz").read_bytes()
+    (tiny_run / "bank.npz").write_bytes(data[:100])
+    code, _, err = run_cli(capsys, "predict", str(tiny_run), str(digit_png))
+    assert code == 2 and "damaged" in err and "Traceback" not in err
+
+
+def test_train_errors(tmp_path: Path, tiny_run: Path, capsys) -> None:
+    code, _, err = run_cli(capsys, "train", "--dataset", "no-such-set", "--out", str(tmp_path / "r"))
+    assert code == 2 and "digits" in err  # lists the available datasets
+    code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--profile", "huge", "--out", str(tmp_path / "r"))
+    assert code == 2 and "Unknown profile" in err
+    code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--out", str(tiny_run))
+    assert code == 2 and "already holds a run" in err
+
+
+def test_console_script_is_installed() -> None:
+    exe = Path(sys.executable).parent / "munkey"
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "forget" in out.stdout
