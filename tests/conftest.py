@@ -26,7 +26,7 @@ def tiny_run_template(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     from munkey_core.service import train_run
 
     out = tmp_path_factory.mktemp("template") / "run"
-    train_run("digits", out, profile="tiny", device="cpu", overrides={"epochs": 4}, progress=False)
+    train_run("digits", out, profile="tiny", device="cpu", overrides={"epochs": 15}, progress=False)
     return out
 
 
