@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -137,6 +136,8 @@ def test_encode_rejects_bad_input_and_handles_empty() -> None:
         enc.encode(np.zeros((2, 8, 8, 3), np.float32))
     with pytest.raises(MunkeyError, match="C = 1"):
         enc.encode(np.zeros((2, 8, 8, 4), np.uint8))
+    with pytest.raises(MunkeyError, match="Ambiguous"):
+        enc.encode(np.zeros((8, 8, 3), np.uint8))                # one RGB image without the batch axis
     empty = enc.encode(np.zeros((0, 8, 8, 3), np.uint8))
     assert empty.shape == (0, 1280) and empty.dtype == np.float32
 
@@ -147,6 +148,8 @@ def test_resolution_override_and_validation() -> None:
     assert enc.encode(_scenes(2, 30, 30, 3, seed=6)).shape == (2, 1280)
     with pytest.raises(MunkeyError, match="resolution"):
         K.load_encoder("efficientnet_lite0", resolution=8)
+    with pytest.raises(MunkeyError, match="resolution"):
+        K.load_encoder("efficientnet_lite0", resolution="big")  # type: ignore[arg-type]
 
 
 def test_to_moves_encoder_and_bad_device_is_munkey_error() -> None:
