@@ -43,6 +43,7 @@ import numpy as np
 from PIL import Image
 
 from munkey_core.errors import MunkeyError
+from munkey_core.images import IMAGE_SUFFIXES, read_image_file, resize_to
 
 SPLIT_NAMES = ("train", "val", "test")
 CARVE_ALL = (0.7, 0.1, 0.2)  # train/val/test fractions where the source has no split
@@ -54,7 +55,6 @@ DEFAULT_DATA_ROOT = Path.home() / ".cache" / "munkey" / "data"
 MEDMNIST_DEFAULT_ROOT = Path.home() / ".medmnist"  # medmnist's own default root
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".npy")
 
 # Everything a damaged or foreign file can raise while being decoded (gzip, zip, pickle, PIL).
 _READ_ERRORS = (OSError, EOFError, ValueError, SyntaxError, KeyError, IndexError, TypeError,
@@ -311,77 +311,13 @@ def _put_hint(what: str, root: Path | None) -> str:
 # --------------------------------------------------------------------------- images
 
 
-def _to_uint8(arr: np.ndarray) -> np.ndarray:
-    """uint8 pixels: bool -> 0/255, floats in [0, 1] -> x255, 0..255 kept, else min-max scaled."""
-    if arr.dtype == np.uint8:
-        return arr
-    if arr.dtype == bool:
-        return arr.astype(np.uint8) * 255
-    if arr.dtype.kind not in "iuf":
-        raise ValueError(f"unsupported pixel type {arr.dtype}")
-    x = arr.astype(np.float64)
-    if not np.isfinite(x).all():
-        raise ValueError("pixels contain NaN or infinity")
-    lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
-    if arr.dtype.kind == "f" and lo >= 0 and hi <= 1:
-        x = x * 255
-    elif lo < 0 or hi > 255:
-        x = (x - lo) * (255 / max(hi - lo, 1e-12))
-    return np.rint(x).astype(np.uint8)
-
-
-def _pil_to_array(im: Image.Image) -> np.ndarray:
-    """Pixels of a PIL image as gray (H, W) or RGB (H, W, 3), any bit depth."""
-    if im.mode in ("L", "RGB"):
-        return np.asarray(im)
-    if im.mode in ("1", "LA"):
-        return np.asarray(im.convert("L"))
-    if im.mode.startswith("I") or im.mode == "F":
-        return _to_uint8(np.asarray(im))
-    return np.asarray(im.convert("RGB"))
-
-
-def _as_hwc(arr: np.ndarray) -> np.ndarray:
-    """An image array as (H, W, C) uint8 with C in {1, 3} (alpha dropped)."""
-    if arr.ndim == 2:
-        arr = arr[..., None]
-    if arr.ndim != 3 or arr.shape[2] not in (1, 2, 3, 4) or 0 in arr.shape:
-        raise ValueError(f"expected an (H, W) or (H, W, C) image, got shape {arr.shape}")
-    if arr.shape[2] in (2, 4):  # gray+alpha, RGB+alpha
-        arr = arr[..., : arr.shape[2] - 1]
-    return _to_uint8(arr)
-
-
-def _read_image(path: Path) -> np.ndarray:
-    """One image file (PNG/JPEG/BMP/TIFF or a .npy array) as (H, W, C) uint8."""
-    try:
-        if path.suffix.lower() == ".npy":
-            with open(path, "rb") as f:
-                arr = np.load(f, allow_pickle=False)
-            if not isinstance(arr, np.ndarray):
-                raise ValueError("an .npz archive, not a single .npy array")
-            return _as_hwc(arr)
-        with Image.open(path) as im:
-            return _as_hwc(_pil_to_array(im))
-    except _READ_ERRORS as exc:
-        raise MunkeyError(f"cannot read image {path} ({exc}): replace or remove the file") from exc
-
-
-def _resize(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """(H, W, C) uint8 resized to size=(H', W') with bilinear filtering."""
-    c = img.shape[2]
-    pil = Image.fromarray(img[..., 0] if c == 1 else img)
-    out = np.asarray(pil.resize((size[1], size[0]), Image.Resampling.BILINEAR))
-    return out.reshape(size[0], size[1], c)
-
-
 def _stack_images(images: Sequence[np.ndarray]) -> np.ndarray:
     """(N, H, W, C) uint8: RGB if any image is RGB, all resized to the most common size."""
     channels = 3 if any(im.shape[2] == 3 for im in images) else 1
     size = Counter(im.shape[:2] for im in images).most_common(1)[0][0]
     out = np.empty((len(images), *size, channels), np.uint8)
     for i, im in enumerate(images):
-        out[i] = im if im.shape[:2] == size else _resize(im, size)  # (H, W, 1) broadcasts to 3
+        out[i] = im if im.shape[:2] == size else resize_to(im, size)  # (H, W, 1) broadcasts to 3
     return out
 
 
@@ -509,7 +445,7 @@ def _load_elpv(name: str, root: Path | None, download: bool, seed: int) -> Datas
     """
     csv = _elpv_labels_csv(root)
     rows = _read_elpv_csv(csv)
-    images = _stack_images([_read_image(csv.parent / path) for path, _ in rows])
+    images = _stack_images([read_image_file(csv.parent / path) for path, _ in rows])
     labels = np.array([label for _, label in rows], np.int64)
     pool = _make_split(images, labels, np.arange(len(rows)))
     train, val, test = _carve_splits(pool, CARVE_ALL, seed)
@@ -794,7 +730,7 @@ def _load_folder(name: str, root: Path | None, download: bool, seed: int) -> Dat
     class_names = sorted({rel.split("/", 1)[0] for rel, _ in files})
     class_of = {c: k for k, c in enumerate(class_names)}
     labels = np.array([class_of[rel.split("/", 1)[0]] for rel, _ in files], np.int64)
-    images = _stack_images([_read_image(f) for _, f in files])
+    images = _stack_images([read_image_file(f) for _, f in files])
     pool = _make_split(images, labels, np.arange(len(files)))
     train, val, test = _carve_splits(pool, CARVE_ALL, seed)
     return Dataset(name, class_names, train, val, test)

@@ -1,6 +1,7 @@
-"""Decode user images (PNG, JPEG, BMP, TIFF, NPY; gray or RGB; any size) into uint8 (H, W, C) arrays.
+"""Decode images (PNG, JPEG, BMP, TIFF, NPY; gray or RGB; any size or bit depth) into uint8 (H, W, C).
 
-Uploaded images are decoded from bytes in memory and never written to disk.
+One place for every image the product reads: dataset folders, CLI arguments and dashboard
+uploads. Uploads are decoded from bytes in memory and never written to disk.
 """
 
 from __future__ import annotations
@@ -14,47 +15,66 @@ from PIL import Image, UnidentifiedImageError
 from munkey_core.errors import MunkeyError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".npy")
+_DECODE_ERRORS = (UnidentifiedImageError, OSError, EOFError, ValueError, SyntaxError, TypeError)
 
 
-def array_to_uint8(arr: np.ndarray, name: str = "array") -> np.ndarray:
-    """Any 2-D or 3-D numeric array -> (H, W, C) uint8 with C in {1, 3}."""
-    a = np.asarray(arr)
-    if a.ndim == 3 and a.shape[0] in (1, 3, 4) and a.shape[-1] not in (1, 3, 4):
-        a = np.moveaxis(a, 0, -1)  # CHW -> HWC
-    if a.ndim == 2:
-        a = a[..., None]
-    if a.ndim != 3 or a.shape[-1] not in (1, 3, 4) or min(a.shape[:2]) < 1:
-        raise MunkeyError(f"{name}: expected a 2-D gray or 3-D RGB image array, got shape {tuple(a.shape)}.")
-    if a.shape[-1] == 4:
-        a = a[..., :3]
-    if not np.issubdtype(a.dtype, np.number) or not np.all(np.isfinite(a)):
-        raise MunkeyError(f"{name}: the image array must be numeric and finite.")
-    if a.dtype != np.uint8:
-        a = a.astype(np.float64)
-        if a.max(initial=0) <= 1.0 and a.min(initial=0) >= 0.0:
-            a = a * 255.0
-        a = np.clip(np.rint(a), 0, 255).astype(np.uint8)
-    return np.ascontiguousarray(a)
+def to_uint8(arr: np.ndarray) -> np.ndarray:
+    """uint8 pixels: bool -> 0/255, floats in [0, 1] -> x255, 0..255 kept, else min-max scaled."""
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype == bool:
+        return arr.astype(np.uint8) * 255
+    if arr.dtype.kind not in "iuf":
+        raise ValueError(f"unsupported pixel type {arr.dtype}")
+    x = arr.astype(np.float64)
+    if not np.isfinite(x).all():
+        raise ValueError("pixels contain NaN or infinity")
+    lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+    if arr.dtype.kind == "f" and lo >= 0 and hi <= 1:
+        x = x * 255
+    elif lo < 0 or hi > 255:
+        x = (x - lo) * (255 / max(hi - lo, 1e-12))
+    return np.rint(x).astype(np.uint8)
+
+
+def as_hwc(arr: np.ndarray) -> np.ndarray:
+    """An image array (H, W), (H, W, C) or (C, H, W) as (H, W, C) uint8 with C in {1, 3} (alpha dropped)."""
+    if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) and arr.shape[2] not in (1, 2, 3, 4):
+        arr = np.moveaxis(arr, 0, -1)  # CHW -> HWC
+    if arr.ndim == 2:
+        arr = arr[..., None]
+    if arr.ndim != 3 or arr.shape[2] not in (1, 2, 3, 4) or 0 in arr.shape:
+        raise ValueError(f"expected an (H, W) or (H, W, C) image, got shape {arr.shape}")
+    if arr.shape[2] in (2, 4):  # gray+alpha, RGB+alpha
+        arr = arr[..., : arr.shape[2] - 1]
+    return np.ascontiguousarray(to_uint8(arr))
+
+
+def pil_to_array(im: Image.Image) -> np.ndarray:
+    """Pixels of a PIL image as gray (H, W) or RGB (H, W, 3), any bit depth."""
+    if im.mode in ("L", "RGB"):
+        return np.asarray(im)
+    if im.mode in ("1", "LA"):
+        return np.asarray(im.convert("L"))
+    if im.mode.startswith("I") or im.mode == "F":
+        return to_uint8(np.asarray(im))
+    return np.asarray(im.convert("RGB"))
 
 
 def decode_image(data: bytes, name: str = "upload") -> np.ndarray:
-    """Bytes of an image file -> (H, W, C) uint8; a damaged file raises MunkeyError."""
+    """Bytes of an image file -> (H, W, C) uint8; an empty or damaged file raises MunkeyError."""
     if not data:
-        raise MunkeyError(f"{name} is empty; upload a PNG, JPEG or NPY image.")
-    if name.lower().endswith(".npy") or data[:6] == b"\x93NUMPY":
-        try:
-            return array_to_uint8(np.load(io.BytesIO(data), allow_pickle=False), name)
-        except MunkeyError:
-            raise
-        except Exception:
-            raise MunkeyError(f"{name} is not a readable .npy image array.") from None
+        raise MunkeyError(f"{name} is empty; use a PNG, JPEG, BMP, TIFF or NPY image.")
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
-            mode = "L" if img.mode in ("1", "L", "I;16", "I", "F", "LA") else "RGB"
-            return array_to_uint8(np.asarray(img.convert(mode)), name)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        raise MunkeyError(f"{name} is not a readable image; use PNG, JPEG, BMP, TIFF or NPY.") from None
+        if name.lower().endswith(".npy") or data[:6] == b"\x93NUMPY":
+            arr = np.load(io.BytesIO(data), allow_pickle=False)
+            if not isinstance(arr, np.ndarray):
+                raise ValueError("an .npz archive, not a single .npy array")
+            return as_hwc(arr)
+        with Image.open(io.BytesIO(data)) as im:
+            return as_hwc(pil_to_array(im))
+    except _DECODE_ERRORS as exc:
+        raise MunkeyError(f"{name} is not a readable image ({exc}); use PNG, JPEG, BMP, TIFF or NPY.") from None
 
 
 def read_image_file(path: str | Path) -> np.ndarray:
@@ -62,7 +82,7 @@ def read_image_file(path: str | Path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise MunkeyError(f"Image file {path} does not exist.")
-    return decode_image(path.read_bytes(), path.name)
+    return decode_image(path.read_bytes(), str(path))
 
 
 def match_channels(image: np.ndarray, channels: int) -> np.ndarray:
@@ -81,5 +101,5 @@ def resize_to(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
         return image
     c = image.shape[-1]
     pil = Image.fromarray(image[..., 0] if c == 1 else image)
-    out = np.asarray(pil.resize((shape[1], shape[0]), Image.BILINEAR))
-    return out[..., None] if c == 1 else out
+    out = np.asarray(pil.resize((shape[1], shape[0]), Image.Resampling.BILINEAR))
+    return out.reshape(shape[0], shape[1], c)
