@@ -15,7 +15,8 @@ from PIL import Image, UnidentifiedImageError
 from munkey_core.errors import MunkeyError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".npy")
-_DECODE_ERRORS = (UnidentifiedImageError, OSError, EOFError, ValueError, SyntaxError, TypeError)
+_DECODE_ERRORS = (UnidentifiedImageError, Image.DecompressionBombError, OSError, EOFError, ValueError, SyntaxError,
+                  TypeError)
 
 
 def to_uint8(arr: np.ndarray) -> np.ndarray:
@@ -73,8 +74,11 @@ def decode_image(data: bytes, name: str = "upload") -> np.ndarray:
             return as_hwc(arr)
         with Image.open(io.BytesIO(data)) as im:
             return as_hwc(pil_to_array(im))
+    except Image.DecompressionBombError:
+        raise MunkeyError(f"{name} declares an image too large to decode safely; use a smaller image.") from None
     except _DECODE_ERRORS as exc:
-        raise MunkeyError(f"{name} is not a readable image ({exc}); use PNG, JPEG, BMP, TIFF or NPY.") from None
+        detail = "" if isinstance(exc, UnidentifiedImageError) else f" ({exc})"
+        raise MunkeyError(f"{name} is not a readable image{detail}; use PNG, JPEG, BMP, TIFF or NPY.") from None
 
 
 def read_image_file(path: str | Path) -> np.ndarray:

@@ -222,14 +222,14 @@ class MunkeyRun:
         ds = self.dataset
         report = progress or (lambda stage, frac: None)
         rng = np.random.default_rng(seed)
-        train_keys = self._split_keys("train")
+        train_keys = self.split_keys("train")
         in_bank = np.isin(ds.train.ids, self.bank.ids)
         forgotten = np.isin(ds.train.ids, self.forgotten_ids)
         test_idx = _subsample(np.arange(len(ds.test)), max_samples, rng)
         retain_idx = _subsample(np.flatnonzero(in_bank), max_samples, rng)
         forget_idx = _subsample(np.flatnonzero(forgotten), max_samples, rng)
         report("test", 0.0)
-        test_keys = self._split_keys("test")[test_idx]
+        test_keys = self.split_keys("test")[test_idx]
         test_imgs, test_y = ds.test.images[test_idx], ds.test.labels[test_idx]
         both = self.predict_prepared(test_imgs, test_keys, neighbour_predictions=False)
         report("pathways", 0.3)
@@ -265,11 +265,12 @@ class MunkeyRun:
         idx = np.flatnonzero(np.isin(ds.train.ids, np.asarray(list(ids), dtype=np.int64)))
         if len(idx) == 0:
             return None
-        preds = self.predict_prepared(ds.train.images[idx], self._split_keys("train")[idx],
+        preds = self.predict_prepared(ds.train.images[idx], self.split_keys("train")[idx],
                                       neighbour_predictions=False)
         return accuracy(preds.labels, ds.train.labels[idx])
 
-    def _split_keys(self, split: str) -> np.ndarray:
+    def split_keys(self, split: str) -> np.ndarray:
+        """Keys (N, Dk) of a dataset split, from the on-disk key cache (computed on first use)."""
         s = self.dataset.split(split)
         return keys_mod.cached_keys(self.encoder, s.images, s.ids, dataset=self.dataset.name, split=split,
                                     progress=False)

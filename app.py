@@ -1,0 +1,27 @@
+"""MUNKEY dashboard: `streamlit run app.py`. Builds the navigation from pages/ and opens the run once.
+
+The run directory is $MUNKEY_RUN (default runs/demo). When it holds no run yet, every page offers
+(and by default starts) training the demo run on digits ($MUNKEY_PROFILE, default cpu;
+MUNKEY_AUTOTRAIN=0 waits for a click).
+"""
+
+import streamlit as st
+
+st.set_page_config(page_title="MUNKEY: unlearning by design", page_icon=":material/key:", layout="wide")
+
+PAGES = [
+    st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+    st.Page("pages/evidence.py", title="Case evidence", icon=":material/image_search:"),
+    st.Page("pages/deletions.py", title="Deletion requests", icon=":material/delete:"),
+    st.Page("pages/audit.py", title="Audit log", icon=":material/fact_check:"),
+]
+
+nav = st.navigation(PAGES)  # before the heavy imports below, so the sidebar is right from the start
+
+from pages._common import get_run  # noqa: E402  (imports torch: seconds on a cold start)
+
+with st.sidebar:
+    st.caption("MUNKEY: machine unlearning by key deletion. Deleting a training sample deletes its "
+               "memory-bank entry; every prediction names the training cases behind it.")
+get_run()  # open (or reuse) the cached run once per script run; pages share it
+nav.run()

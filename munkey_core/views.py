@@ -1,0 +1,364 @@
+"""What the dashboard shows, as plain functions of a `MunkeyRun` (no Streamlit here, by rule).
+
+The pages in `pages/` only lay things out; every number, image and decision they show comes from
+this module or from `service.MunkeyRun`:
+
+- evidence: `predict_test_sample`, `evidence_rows`, `training_images`, `display_image`
+- selection for deletion: `ids_from_bytes`, `similar_training_samples`, `classify_ids`
+- deletion with before/after metrics: `delete_and_measure`, `retrieval_check`, `metrics_table`
+- audit and charts: `deletion_requests`, `latest_metrics`
+- the operator check: `check_credential`
+- training the demo run off the UI thread: `TrainingJob`
+
+Costs: everything here is a few forwards or one bank search, except `delete_and_measure`, which
+runs `MunkeyRun.evaluate` once or twice (each <= max_samples images per set, K forwards each).
+Tests: tests/test_views.py.
+"""
+
+from __future__ import annotations
+
+import hmac
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from munkey_core.errors import MunkeyError
+from munkey_core.memory import MemoryBank
+from munkey_core.predict import Predictions
+from munkey_core.service import MunkeyRun, Progress, train_run
+from munkey_core.unlearn.keydelete import parse_ids
+
+METRIC_NAMES = ("TA", "RA", "FA", "MIA", "Ps")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------- images
+
+
+def training_images(run: MunkeyRun, ids: Sequence[int]) -> np.ndarray:
+    """Images (N, H, W, C) uint8 of training samples by id, in the order asked (deleted ones too:
+    the dataset still holds them; only the model's memory forgets). Unknown ids: MunkeyError."""
+    if len(ids) == 0:
+        shape = tuple(run.config["image_shape"])
+        return np.zeros((0, *shape, run.config["channels"]), np.uint8)
+    return run.dataset.lookup([int(i) for i in ids]).images
+
+
+def display_image(image: np.ndarray, min_side: int = 96) -> np.ndarray:
+    """(H, W, C) uint8 -> an image to show: gray as (H, W), small images enlarged by an integer
+    factor with nearest-neighbour sampling so that 8x8 digits stay crisp instead of blurred."""
+    img = np.asarray(image)
+    if img.ndim == 3 and img.shape[-1] == 1:
+        img = img[..., 0]
+    side = min(img.shape[:2])
+    factor = max(1, int(np.ceil(min_side / max(side, 1))))
+    if factor > 1:
+        img = np.repeat(np.repeat(img, factor, axis=0), factor, axis=1)
+    return np.ascontiguousarray(img)
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+@dataclass(frozen=True)
+class SamplePrediction:
+    """A prediction for one test-set sample, with its image and true label."""
+
+    predictions: Predictions
+    image: np.ndarray  # (H, W, C) uint8
+    label: int
+    id: int
+
+
+def predict_test_sample(run: MunkeyRun, index: int, *, k: int | None = None,
+                        mode: str = "ensemble") -> SamplePrediction:
+    """Predict the test sample at position `index` (0-based) with the current bank."""
+    test = run.dataset.test
+    if not 0 <= int(index) < len(test):
+        raise MunkeyError(f"Test sample index {index} is out of range; choose 0 to {len(test) - 1}.")
+    i = int(index)
+    keys = run.split_keys("test")[i:i + 1]
+    preds = run.predict_prepared(test.images[i:i + 1], keys, k=k, mode=mode)
+    return SamplePrediction(preds, test.images[i], int(test.labels[i]), int(test.ids[i]))
+
+
+def evidence_rows(run: MunkeyRun, preds: Predictions, i: int = 0) -> list[dict]:
+    """One row per retrieved training case of prediction i, most similar first: id, label, similarity,
+    weight, the neighbour's own vote, and whether that vote agrees with the prediction."""
+    names = run.class_names
+    predicted = int(preds.labels[i])
+    rows = []
+    for rank, n in enumerate(preds.neighbours(i), start=1):
+        rows.append({
+            "rank": rank, "id": n.id, "label": n.label, "label_name": names[n.label],
+            "similarity": n.similarity, "weight": n.weight,
+            "votes_for": n.predicted, "votes_for_name": None if n.predicted is None else names[n.predicted],
+            "supports_prediction": n.predicted == predicted if n.predicted is not None else n.label == predicted,
+        })
+    return rows
+
+
+# --------------------------------------------------------------------------- selecting samples
+
+
+def ids_from_bytes(data: bytes, name: str = "ids file") -> list[int]:
+    """Ids from an uploaded text or CSV file (same rules as `munkey forget --ids-file`)."""
+    if b"\x00" in data:
+        raise MunkeyError(f"{name} is not a text file; give one id per line or comma separated. "
+                          "Nothing was deleted.")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise MunkeyError(f"{name} is not a UTF-8 text file; give one id per line or comma separated. "
+                          "Nothing was deleted.") from None
+    return parse_ids(text, source=name)
+
+
+def similar_training_samples(run: MunkeyRun, images: Sequence[np.ndarray], n: int = 10) -> list[dict]:
+    """The `n` training samples still in the bank whose keys are most similar to any of `images`
+    ("find this person's images"). Each row: id, label, label_name, similarity (best over the
+    queries), query (index of the best-matching image). Cost: one encoder pass, one bank search."""
+    if n < 1:
+        raise MunkeyError(f"The number of similar samples must be at least 1 (got {n}).")
+    batch = run.prepare_images(images)
+    keys = run.encoder.encode(batch)
+    with run.lock:
+        sims, rows = run.bank.search(keys, n)
+        ids = run.bank.ids[rows.cpu().numpy()]
+        labels = run.bank.labels[rows.cpu().numpy()]
+    sims = sims.cpu().numpy()
+    best: dict[int, dict] = {}
+    for q in range(len(ids)):
+        for j in range(ids.shape[1]):
+            sid, s = int(ids[q, j]), float(sims[q, j])
+            if sid not in best or s > best[sid]["similarity"]:
+                best[sid] = {"id": sid, "label": int(labels[q, j]), "similarity": s, "query": q}
+    names = run.class_names
+    out = sorted(best.values(), key=lambda r: (-r["similarity"], r["id"]))[:n]
+    for r in out:
+        r["label_name"] = names[r["label"]]
+    return out
+
+
+def classify_ids(run: MunkeyRun, ids: Sequence[int]) -> dict[str, list[int]]:
+    """Split requested ids into those in the bank, those deleted earlier, and unknown ones (an unknown
+    id makes `forget` refuse the whole request)."""
+    done = set(run.forgotten_ids)
+    out: dict[str, list[int]] = {"in_bank": [], "already_deleted": [], "unknown": []}
+    for i in dict.fromkeys(int(x) for x in ids):
+        out["already_deleted" if i in done else "in_bank" if i in run.bank else "unknown"].append(i)
+    return out
+
+
+# --------------------------------------------------------------------------- deletion
+
+
+def check_credential(given: str | None, expected: str | None) -> bool:
+    """True when an operator credential is configured and `given` equals it (constant-time)."""
+    if not expected or not given:
+        return False
+    return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+
+
+def latest_metrics(run: MunkeyRun, *, current_only: bool = False) -> dict | None:
+    """The newest metrics.json entry; with `current_only`, only if it was measured on the bank as it
+    is now (same bank size and deleted count), else None."""
+    hist = run.metrics_history
+    if not hist:
+        return None
+    last = hist[-1]
+    if current_only and (last.get("bank_size") != len(run.bank) or last.get("deleted") != len(run.forgotten_ids)):
+        return None
+    return last
+
+
+def retrieval_check(run: MunkeyRun, ids: Sequence[int], k: int | None = None) -> dict:
+    """Evidence that deleted samples no longer influence predictions: search the current bank with
+    the deleted samples' own keys (re-encoded from their images) and report any of them retrieved;
+    also check that none is in the in-memory bank or in the bank file on disk."""
+    ids = [int(i) for i in dict.fromkeys(ids)]
+    k = int(k or max(run.train_cfg.k, 10))
+    result = {"ids_checked": len(ids), "k": k, "retrieved": [], "in_memory_bank": [], "in_bank_file": [],
+              "ok": True}
+    if not ids:
+        return result
+    keys = run.encoder.encode(training_images(run, ids))
+    with run.lock:
+        in_memory = [i for i in ids if i in run.bank]
+        if len(run.bank):
+            _, rows = run.bank.search(keys, k)
+            found = set(int(x) for x in run.bank.ids[rows.cpu().numpy()].ravel())
+        else:
+            found = set()
+    on_disk = set(int(x) for x in MemoryBank.load(run.paths.bank).ids)
+    result["retrieved"] = sorted(found & set(ids))
+    result["in_memory_bank"] = in_memory
+    result["in_bank_file"] = sorted(on_disk & set(ids))
+    result["ok"] = not (result["retrieved"] or result["in_memory_bank"] or result["in_bank_file"])
+    return result
+
+
+def _scaled(progress: Progress | None, lo: float, hi: float, prefix: str) -> Progress:
+    def report(stage: str, frac: float) -> None:
+        if progress is not None:
+            progress(f"{prefix}: {stage}", lo + (hi - lo) * float(frac))
+    return report
+
+
+def delete_and_measure(run: MunkeyRun, ids: Sequence[int], *, operator: str = "", max_samples: int = 2000,
+                       progress: Progress | None = None) -> dict:
+    """Delete `ids` and measure what changed; returns the JSON-ready deletion summary.
+
+    Before: TA, RA, Ps from the newest metrics entry if it describes the current bank, else from an
+    evaluation run now (recorded); FA = accuracy on this request's samples while still in the bank
+    (as `munkey demo` does); MIA is undefined before the deletion. After: `evaluate` (recorded), whose
+    FA and MIA cover every sample deleted so far, plus FA on this request's samples alone.
+    Unknown ids refuse the whole request (MunkeyError, nothing changes).
+    """
+    report = progress or (lambda stage, frac: None)
+    groups = classify_ids(run, ids)
+    if groups["unknown"]:
+        shown = ", ".join(map(str, groups["unknown"][:10])) + (" ..." if len(groups["unknown"]) > 10 else "")
+        raise MunkeyError(f"{len(groups['unknown'])} id(s) are not training samples of this run: {shown}. "
+                          "Nothing was deleted.")
+    todo = groups["in_bank"]
+    bank_before = len(run.bank)
+    before = latest_metrics(run, current_only=True)
+    before_source = f"metrics.json entry of {before.get('time')}" if before else "evaluated before the deletion"
+    if before is None:
+        before = run.evaluate(max_samples=max_samples, progress=_scaled(progress, 0.0, 0.4, "before"))
+    before = {**before, "FA": run.accuracy_on_ids(todo) if todo else None, "MIA": None}
+    report("deleting", 0.45)
+    res = run.forget(list(ids))
+    after = run.evaluate(max_samples=max_samples, progress=_scaled(progress, 0.5, 0.95, "after"))
+    fa_request_after = run.accuracy_on_ids(res.deleted) if res.deleted else None
+    check = retrieval_check(run, res.deleted)
+    report("done", 1.0)
+    return {
+        "kind": "MUNKEY deletion summary (not a tamper-evident receipt)",
+        "time": _now(), "run": str(Path(run.paths.root).resolve()), "dataset": run.config["dataset"],
+        "operator": operator or None, "requested_ids": [int(i) for i in dict.fromkeys(int(x) for x in ids)],
+        "deleted": res.deleted, "already_deleted": res.already_deleted,
+        "bank_size_before": bank_before, "bank_size_after": res.bank_size, "delete_seconds": res.seconds,
+        "before_source": before_source, "metrics_before": _metric_subset(before),
+        "metrics_after": _metric_subset(after), "FA_this_request_after": fa_request_after,
+        "n_forget_after": after.get("n_forget"), "MIA_attack": after.get("MIA_attack"),
+        "retrieval_check": check,
+    }
+
+
+def _metric_subset(m: dict) -> dict:
+    keep = (*METRIC_NAMES, "n_test", "n_retain", "n_forget", "bank_size", "deleted", "time")
+    return {k: m.get(k) for k in keep if k in m}
+
+
+def metrics_table(before: dict, after: dict) -> list[dict]:
+    """Rows metric / before / after / change for TA, RA, FA, MIA, Ps (None where undefined)."""
+    rows = []
+    for name in METRIC_NAMES:
+        b, a = before.get(name), after.get(name)
+        rows.append({"metric": name, "before": b, "after": a,
+                     "change": None if a is None or b is None else a - b})
+    return rows
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def deletion_requests(run: MunkeyRun) -> list[dict]:
+    """Every deletion request recorded in forgotten.json, oldest first: time, count, ids."""
+    rows = []
+    for n, req in enumerate(run.forgotten.get("requests", []), start=1):
+        ids = [int(i) for i in req.get("ids", [])]
+        rows.append({"request": n, "time": req.get("time"), "n_ids": len(ids), "ids": ids})
+    return rows
+
+
+# --------------------------------------------------------------------------- training job
+
+
+class TrainingJob:
+    """Trains a run in a background thread so a UI can show progress and survive reruns.
+
+    States: idle -> running -> done | failed (a failed job may be started again). A MunkeyError's
+    message is kept in `error`; any other exception is kept as a one-line message and its traceback
+    is printed to stderr.
+    """
+
+    def __init__(self, out: str | Path, *, dataset: str = "digits", profile: str = "cpu", device: str = "auto",
+                 overrides: dict | None = None, trainer: Callable[..., object] = train_run) -> None:
+        from munkey_core.config import resolve_profile, with_overrides
+
+        self.out = Path(out)
+        self.dataset, self.profile, self.device = dataset, profile, device
+        self.overrides = dict(overrides or {})
+        self.epochs = int(with_overrides(resolve_profile(profile).train, self.overrides).epochs)
+        self._trainer = trainer
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.state = "idle"
+        self.epoch = 0
+        self.last_record: dict | None = None
+        self.error: str | None = None
+        self.started: float | None = None
+        self.finished: float | None = None
+
+    def start(self) -> bool:
+        """Start training unless it is running or done; returns whether a thread was started."""
+        with self._lock:
+            if self.state in ("running", "done"):
+                return False
+            self.state, self.epoch, self.last_record, self.error = "running", 0, None, None
+            self.started, self.finished = time.time(), None
+            self._thread = threading.Thread(target=self._work, name=f"munkey-train-{self.out.name}", daemon=True)
+            self._thread.start()
+            return True
+
+    def _on_epoch(self, record: dict) -> None:
+        self.epoch = int(record.get("epoch", self.epoch + 1))
+        self.last_record = dict(record)
+
+    def _work(self) -> None:
+        try:
+            self._trainer(self.dataset, self.out, profile=self.profile, device=self.device,
+                          overrides=self.overrides or None, progress=False, on_epoch=self._on_epoch)
+        except MunkeyError as exc:
+            self.error, self.state = str(exc), "failed"
+        except Exception as exc:  # a bug: keep the UI alive, keep the traceback for the log
+            traceback.print_exc(file=sys.stderr)
+            self.error = f"Training failed unexpectedly ({type(exc).__name__}: {exc}). See the server log."
+            self.state = "failed"
+        else:
+            self.state = "done"
+        finally:
+            self.finished = time.time()
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.state == "done" else min(1.0, self.epoch / max(self.epochs, 1))
+
+    @property
+    def stage(self) -> str:
+        if self.state == "running" and self.epoch == 0:
+            return "loading data and computing keys"
+        if self.state == "running":
+            rec = self.last_record or {}
+            acc = rec.get("val_acc")
+            return f"epoch {self.epoch}/{self.epochs}" + (f", validation accuracy {acc:.1f}%" if acc is not None else "")
+        return self.state
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the thread ends (or `timeout`); returns the state."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.state

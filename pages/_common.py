@@ -1,0 +1,124 @@
+"""Shared UI plumbing for the dashboard pages: which run, opening it once, training it if absent,
+showing user errors. Layout helpers only; what is shown comes from munkey_core."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import streamlit as st
+
+from munkey_core.errors import MunkeyError
+from munkey_core.service import MunkeyRun
+from munkey_core.views import TrainingJob
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RUN = ROOT / "runs" / "demo"
+
+
+def run_dir() -> Path:
+    """The run directory: $MUNKEY_RUN (relative to the working directory), else runs/demo here."""
+    env = os.environ.get("MUNKEY_RUN")
+    return Path(env).expanduser().resolve() if env else DEFAULT_RUN
+
+
+def _bank_stamp(path: Path) -> tuple[int, int]:
+    st_ = (path / "bank.npz").stat()
+    return st_.st_mtime_ns, st_.st_size
+
+
+@st.cache_resource(max_entries=2, show_spinner="Opening the run...")
+def _open_run(path: str, bank_stamp: tuple[int, int]) -> MunkeyRun:
+    # bank_stamp is part of the cache key: a deletion made elsewhere (CLI, another session)
+    # rewrites bank.npz, so the next script run reopens the run.
+    return MunkeyRun(path)
+
+
+@st.cache_resource(show_spinner=False)
+def _training_job(path: str, profile: str) -> TrainingJob:
+    return TrainingJob(path, dataset="digits", profile=profile)
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Show a MunkeyError's message (what went wrong and what to do) instead of a traceback."""
+    try:
+        yield
+    except MunkeyError as exc:
+        st.error(str(exc), icon=":material/error:")
+
+
+def has_run(path: Path) -> bool:
+    return (path / "config.json").exists()
+
+
+def get_run() -> MunkeyRun | None:
+    """The loaded run, or None when the run directory holds no run yet. A damaged run stops the page
+    with its error message."""
+    path = run_dir()
+    if not has_run(path):
+        return None
+    try:
+        return _open_run(str(path), _bank_stamp(path))
+    except (MunkeyError, FileNotFoundError) as exc:
+        st.error(str(exc) if isinstance(exc, MunkeyError) else
+                 f"{path} is not a complete run directory ({exc.filename} is missing). "
+                 "Delete it to retrain the demo run, or set MUNKEY_RUN to another run.",
+                 icon=":material/error:")
+        st.stop()
+
+
+def require_run() -> MunkeyRun:
+    """The loaded run; when there is none yet, show the training panel and stop the page."""
+    run = get_run()
+    if run is None:
+        training_panel(run_dir())
+        st.stop()
+    return run
+
+
+def training_panel(path: Path) -> None:
+    """Offer (and by default start) training the demo run on digits, with live progress."""
+    profile = os.environ.get("MUNKEY_PROFILE", "cpu")
+    st.title("No MUNKEY run yet")
+    st.write(f"The run directory `{path}` holds no trained model. The demo run trains MUNKEY on the "
+             f"embedded `digits` data with the `{profile}` profile (the `cpu` profile takes a few minutes on "
+             "2 CPU cores). Set `MUNKEY_RUN` to open another run, `MUNKEY_PROFILE` to change the profile.")
+    try:
+        job = _training_job(str(path), profile)
+    except MunkeyError as exc:
+        st.error(str(exc), icon=":material/error:")
+        return
+    autostart = os.environ.get("MUNKEY_AUTOTRAIN", "1") != "0"
+    if job.state == "idle" and autostart:
+        job.start()
+    if job.state in ("idle", "failed"):
+        if job.state == "failed":
+            st.error(job.error or "Training failed.", icon=":material/error:")
+        if st.button("Train the demo run" if job.state == "idle" else "Try again", type="primary",
+                     key="train_start"):
+            job.start()
+            st.rerun()
+        return
+    _training_progress(job)
+
+
+@st.fragment(run_every=1.0)
+def _training_progress(job: TrainingJob) -> None:
+    with st.status(f"Training: {job.stage}", state="complete" if job.state == "done" else "running",
+                   expanded=True):
+        st.progress(job.fraction, text=f"{job.epoch} of {job.epochs} epochs")
+        rec = job.last_record
+        if rec:
+            st.caption(f"last epoch: loss {rec.get('loss', float('nan')):.3f}, "
+                       f"train accuracy {rec.get('train_acc', float('nan')):.1f}%")
+    if job.state != "running":
+        st.rerun(scope="app")
+
+
+def fmt(value, digits: int = 2, suffix: str = "") -> str:
+    """A number for display; em dash for None."""
+    if value is None:
+        return "—"
+    return f"{value:.{digits}f}{suffix}"

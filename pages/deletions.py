@@ -1,0 +1,166 @@
+"""Deletion requests (for compliance officers): select training samples, preview them, delete them
+as an authorised operator, and see what changed.
+
+Anyone can select and preview; deleting needs the operator credential ($MUNKEY_OPERATOR_TOKEN or
+`operator_token` in .streamlit/secrets.toml), compared in constant time.
+"""
+
+import json
+import os
+
+import pandas as pd
+import streamlit as st
+
+from munkey_core.errors import MunkeyError
+from munkey_core.images import decode_image
+from munkey_core.unlearn.keydelete import parse_ids
+from munkey_core.views import (check_credential, classify_ids, delete_and_measure, display_image, ids_from_bytes,
+                               metrics_table, similar_training_samples, training_images)
+from pages._common import fmt, require_run, user_errors
+
+PREVIEW_MAX = 24
+PER_ROW = 8
+
+run = require_run()
+names = run.class_names
+
+
+def configured_token() -> str | None:
+    token = os.environ.get("MUNKEY_OPERATOR_TOKEN")
+    if token:
+        return token
+    try:
+        value = st.secrets.get("operator_token")
+    except Exception:  # no secrets.toml at all, or an unreadable one
+        return None
+    return str(value) if value else None
+
+
+def show_summary(summary: dict) -> None:
+    """Before/after metrics, the retrieval check and the JSON download of a finished deletion."""
+    st.subheader("Result of the last deletion")
+    n_del = len(summary["deleted"])
+    st.success(f"Deleted {n_del} training sample(s) in {1000 * summary['delete_seconds']:.1f} ms; the memory "
+               f"bank went from {summary['bank_size_before']} to {summary['bank_size_after']} entries."
+               + (f" {len(summary['already_deleted'])} id(s) had been deleted by an earlier request."
+                  if summary["already_deleted"] else ""), icon=":material/check_circle:")
+    table = pd.DataFrame(metrics_table(summary["metrics_before"], summary["metrics_after"]))
+    for col in ("before", "after", "change"):
+        table[col] = [fmt(v, 3 if m == "Ps" else 2) for v, m in zip(table[col], table["metric"])]
+    st.dataframe(table, hide_index=True)
+    fa_req = summary.get("FA_this_request_after")
+    st.caption(
+        f"TA, RA, Ps before: {summary['before_source']}. FA before = accuracy on this request's samples while "
+        f"still in the bank. FA and MIA after cover all {summary.get('n_forget_after')} samples deleted so far"
+        + (f" (on this request's samples alone, FA after = {fmt(fa_req)} %)" if fa_req is not None else "")
+        + f". MIA: {summary.get('MIA_attack')}; 50 = indistinguishable from unseen test data.")
+    check = summary["retrieval_check"]
+    if check["ok"]:
+        st.success(f"Retrieval check passed: searching the bank with the {check['ids_checked']} deleted samples' "
+                   f"own keys (top {check['k']}) returns none of them, and none is left in the bank in memory or "
+                   "in the bank file on disk.", icon=":material/verified:")
+    else:
+        st.error(f"Retrieval check FAILED: retrieved {check['retrieved']}, still in memory "
+                 f"{check['in_memory_bank']}, still in the bank file {check['in_bank_file']}.",
+                 icon=":material/error:")
+    st.download_button("Download deletion summary (JSON)", json.dumps(summary, indent=2, default=float),
+                       file_name="deletion_summary.json", mime="application/json", key="download_summary")
+    st.caption("A deletion summary, not a tamper-evident receipt (signed receipts come in a later version).")
+
+
+st.title("Deletion requests")
+st.write("Select the training samples a request names, check them, and delete them from the model's memory. "
+         "Deletion removes each sample's key and exemplar from the bank and from every checkpoint: no "
+         "retraining, and the deleted samples can no longer be retrieved as evidence.")
+
+method = st.radio("Select samples", ["Type ids", "Upload an ids file", "Similar to an image"], horizontal=True,
+                  key="method")
+ids: list[int] = []
+similar_rows: list[dict] = []
+if method == "Type ids":
+    text = st.text_area("Sample ids (commas, spaces or new lines)", key="ids_text", placeholder="12, 40, 41")
+    if text.strip():
+        with user_errors():
+            ids = parse_ids(text, source="typed ids")
+elif method == "Upload an ids file":
+    f = st.file_uploader("CSV or text file of ids (a CSV may name an `id` column)", type=["csv", "txt"],
+                         key="ids_file")
+    if f is not None:
+        with user_errors():
+            ids = ids_from_bytes(f.getvalue(), f.name)
+else:
+    imgs = st.file_uploader("Image(s) of the person or object (PNG, JPEG, BMP, TIFF or NPY)",
+                            type=["png", "jpg", "jpeg", "bmp", "tif", "tiff", "npy"], accept_multiple_files=True,
+                            key="query_images")
+    top_n = st.number_input("How many of the most similar training samples", 1, max(1, len(run.bank)),
+                            min(10, max(1, len(run.bank))), key="top_n")
+    decoded = []
+    for f in imgs or []:
+        try:
+            decoded.append(decode_image(f.getvalue(), f.name))
+        except MunkeyError as exc:
+            st.error(str(exc), icon=":material/error:")
+    if decoded:
+        with user_errors():
+            similar_rows = similar_training_samples(run, decoded, int(top_n))
+        if similar_rows:
+            st.caption("Ranked by key similarity (cosine) to the closest uploaded image; untick to leave out.")
+            found = [r["id"] for r in similar_rows]
+            ids = st.multiselect("Samples to delete", found, default=found, key="similar_pick",
+                                 format_func=lambda i: f"{i} (sim {next(r['similarity'] for r in similar_rows if r['id'] == i):.3f})")
+
+groups = classify_ids(run, ids) if ids else {"in_bank": [], "already_deleted": [], "unknown": []}
+if ids:
+    st.subheader("Preview")
+    c = st.columns(3)
+    c[0].metric("In the memory bank", len(groups["in_bank"]))
+    c[1].metric("Deleted earlier", len(groups["already_deleted"]))
+    c[2].metric("Unknown ids", len(groups["unknown"]))
+    if groups["unknown"]:
+        shown = ", ".join(map(str, groups["unknown"][:10])) + (" ..." if len(groups["unknown"]) > 10 else "")
+        st.error(f"{len(groups['unknown'])} id(s) are not training samples of this run: {shown}. A request with "
+                 "unknown ids is refused as a whole; remove them to continue.", icon=":material/error:")
+    preview = groups["in_bank"][:PREVIEW_MAX]
+    if preview:
+        with user_errors():
+            pimgs = training_images(run, preview)
+            labels = run.dataset.lookup(preview).labels
+            for start in range(0, len(preview), PER_ROW):
+                cols = st.columns(PER_ROW)
+                for col, i, img, lab in zip(cols, preview[start:start + PER_ROW], pimgs[start:start + PER_ROW],
+                                            labels[start:start + PER_ROW]):
+                    col.image(display_image(img, 64), width=64)
+                    col.caption(f"id {i} · label {names[int(lab)]}")
+        if len(groups["in_bank"]) > PREVIEW_MAX:
+            st.caption(f"Showing {PREVIEW_MAX} of {len(groups['in_bank'])} samples.")
+
+st.subheader("Delete")
+token = configured_token()
+if token is None:
+    st.warning("Deletion is disabled: no operator credential is configured. Set the environment variable "
+               "`MUNKEY_OPERATOR_TOKEN` before starting the app, or add `operator_token = \"...\"` to "
+               "`.streamlit/secrets.toml`. You can still select and preview samples.", icon=":material/lock:")
+given = st.text_input("Operator credential", type="password", key="credential", disabled=token is None)
+operator = st.text_input("Operator name (recorded in the deletion summary)", key="operator")
+authorised = check_credential(given, token)
+if token is not None and given and not authorised:
+    st.warning("That credential is not accepted. You can preview, but not delete.", icon=":material/lock:")
+n = len(groups["in_bank"])
+ready = authorised and n > 0 and not groups["unknown"]
+confirm = st.checkbox(f"I confirm the deletion of {n} training sample(s). This cannot be undone.",
+                      key="confirm", disabled=not ready)
+if st.button(f"Delete {n} sample(s)", type="primary", key="delete", disabled=not (ready and confirm),
+             icon=":material/delete_forever:"):
+    if not check_credential(given, configured_token()):  # re-checked at the moment of deletion
+        st.error("Not authorised: the operator credential is missing or wrong. Nothing was deleted.")
+    else:
+        bar = st.progress(0.0, text="Deleting...")
+        with user_errors():
+            summary = delete_and_measure(run, ids, operator=operator.strip(),
+                                         progress=lambda stage, frac: bar.progress(min(1.0, frac), text=stage))
+            st.session_state["deletion_summary"] = summary
+            st.rerun()  # redraw the preview and the counts from the bank as it is now
+        bar.empty()
+
+if "deletion_summary" in st.session_state:
+    show_summary(st.session_state["deletion_summary"])

@@ -1,0 +1,76 @@
+"""Overview: the model card, the training history, and the metrics across deletions."""
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from munkey_core.views import latest_metrics
+from pages._common import fmt, require_run, user_errors
+
+run = require_run()
+s = run.summary()
+
+st.title("MUNKEY model")
+st.caption(f"Run directory `{run.paths.root}`")
+
+st.subheader("Model card")
+st.markdown(f"**Dataset** `{s['dataset']}` ({s['classes']} classes) · **key encoder** `{s['encoder']}` · "
+            f"**profile** `{s['profile']}` · **K** {run.train_cfg.k}, **tau** {run.train_cfg.tau} · "
+            f"trained {s['created'] or '—'} on {run.config.get('device', '—')}")
+c = st.columns(4)
+c[0].metric("Training samples", s["train_size"])
+c[1].metric("Memory bank entries", s["bank_size"])
+c[2].metric("Deleted samples", s["deleted"])
+c[3].metric("Training time", fmt(s["train_seconds"], 0, " s"))
+
+last = latest_metrics(run)
+st.subheader("Latest evaluation")
+if last is None:
+    st.info("No evaluation recorded yet. Evaluate the model to fill in TA, RA and Ps.")
+else:
+    c = st.columns(5)
+    c[0].metric("TA (test accuracy)", fmt(last.get("TA"), 2, " %"))
+    c[1].metric("RA (retained samples)", fmt(last.get("RA"), 2, " %"))
+    c[2].metric("FA (deleted samples)", fmt(last.get("FA"), 2, " %"))
+    c[3].metric("MIA (AUC)", fmt(last.get("MIA"), 2, " %"), help="50 = deleted samples are indistinguishable "
+                "from unseen test data (what a retrained model gives).")
+    c[4].metric("Ps (pathway balance)", fmt(last.get("Ps"), 3), help="|A_img - A_tok| / A_both; lower is "
+                "more balanced, the paper selects models with Ps <= 0.3.")
+    current = latest_metrics(run, current_only=True) is not None
+    st.caption(f"Measured {last.get('time')} on {last.get('n_test')} test, {last.get('n_retain')} retained and "
+               f"{last.get('n_forget')} deleted samples; MIA attack: {last.get('MIA_attack')}."
+               + ("" if current else " The bank has changed since: evaluate again for current numbers."))
+
+if st.button("Evaluate now", key="evaluate", icon=":material/speed:"):
+    bar = st.progress(0.0, text="Evaluating...")
+    with user_errors():
+        run.evaluate(progress=lambda stage, frac: bar.progress(min(1.0, frac), text=f"Evaluating: {stage}"))
+        bar.empty()
+        st.rerun()
+
+st.subheader("Training history")
+hist = run.history
+if not hist:
+    st.info("This run has no training history.")
+else:
+    h = pd.DataFrame(hist)
+    c = st.columns(2)
+    c[0].plotly_chart(px.line(h, x="epoch", y="loss", markers=True, title="Training loss"), key="loss_chart")
+    acc_cols = [k for k in ("train_acc", "val_acc") if k in h]
+    acc = h.melt(id_vars="epoch", value_vars=acc_cols, var_name="set", value_name="accuracy (%)")
+    c[1].plotly_chart(px.line(acc, x="epoch", y="accuracy (%)", color="set", markers=True, title="Accuracy"),
+                      key="acc_chart")
+
+st.subheader("Metrics across deletions")
+mh = run.metrics_history
+if not mh:
+    st.info("No evaluations recorded yet.")
+else:
+    m = pd.DataFrame(mh)
+    cols = [k for k in ("TA", "RA", "FA", "MIA") if k in m]
+    long = m.melt(id_vars=["deleted"], value_vars=cols, var_name="metric", value_name="percent").dropna()
+    fig = px.line(long, x="deleted", y="percent", color="metric", markers=True,
+                  title="TA, RA, FA, MIA vs number of deleted samples")
+    fig.update_xaxes(title="samples deleted")
+    st.plotly_chart(fig, key="metrics_chart")
+    st.caption("Each point is one recorded evaluation (metrics.json). MIA uses the cheap attack named above.")

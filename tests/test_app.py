@@ -1,0 +1,179 @@
+"""The Streamlit dashboard through streamlit.testing's AppTest, against a real tiny digits run."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1.errors import AppTestError
+
+from munkey_core.memory import MemoryBank
+
+APP = Path(__file__).resolve().parents[1] / "app.py"
+TIMEOUT = 60
+TOKEN = "correct horse battery staple"
+
+
+def _app(monkeypatch: pytest.MonkeyPatch, run: Path, token: str | None = None) -> AppTest:
+    monkeypatch.setenv("MUNKEY_RUN", str(run))
+    if token is None:
+        monkeypatch.delenv("MUNKEY_OPERATOR_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("MUNKEY_OPERATOR_TOKEN", token)
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _page(at: AppTest, page: str) -> AppTest:
+    at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _digit_png() -> bytes:
+    from sklearn.datasets import load_digits
+
+    img = np.rint(load_digits().images[1700] * 255 / 16).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).resize((32, 32)).convert("RGB").save(buf, format="PNG")  # RGB, another size
+    return buf.getvalue()
+
+
+def _texts(at: AppTest) -> str:
+    parts = [*(m.value for m in at.markdown), *(c.value for c in at.caption), *(t.value for t in at.title),
+             *(s.value for s in at.success), *(w.value for w in at.warning), *(i.value for i in at.info)]
+    return "\n".join(str(p) for p in parts)
+
+
+def test_every_page_renders(tiny_run_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, tiny_run_template)
+    assert at.title[0].value == "MUNKEY model"
+    labels = {m.label: m.value for m in at.metric}
+    assert labels["Deleted samples"] == "0" and "**Dataset** `digits`" in _texts(at)
+    assert len(at.get("plotly_chart")) >= 2  # loss and accuracy per epoch
+    _page(at, "evidence")
+    assert at.title[0].value == "Case evidence"
+    _page(at, "deletions")
+    assert at.title[0].value == "Deletion requests"
+    assert "Deletion is disabled" in at.warning[0].value and at.text_input(key="credential").disabled
+    _page(at, "audit")
+    assert at.title[0].value == "Audit log"
+    assert "not implemented yet" in at.caption[0].value
+
+
+def test_evidence_upload_shows_neighbours_and_survives_a_corrupt_file(tiny_run_template: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, tiny_run_template), "evidence")
+    assert at.radio(key="source").value == "Upload images"
+    at.file_uploader(key="uploads").set_value([("broken.png", b"definitely not a png", "image/png"),
+                                              ("digit.png", _digit_png(), "image/png")])
+    at.run()
+    assert not at.exception
+    assert len(at.error) == 1 and "broken.png is not a readable image" in at.error[0].value
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Prediction"] in [str(d) for d in range(10)] and metrics["Confidence"].endswith("%")
+    gallery = [c.value for c in at.caption if c.value.startswith("**id ")]
+    assert len(gallery) == 4  # the tiny profile's K
+    assert at.subheader[0].value == "digit.png"
+    # K and the aggregation mode are honoured
+    at.slider(key="k").set_value(2)
+    at.selectbox(key="mode").set_value("softmax_fusion")
+    at.run()
+    assert not at.exception and len([c for c in at.caption if c.value.startswith("**id ")]) == 2
+    # the test-sample path
+    at.radio(key="source").set_value("Test sample").run()
+    at.number_input(key="test_index").set_value(5).run()
+    assert not at.exception and "Test sample 5" in at.subheader[0].value
+    assert "True label" in {m.label for m in at.metric}
+
+
+def test_operator_deletes_and_sees_metrics(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bank0 = MemoryBank.load(tiny_run / "bank.npz")
+    ids = [int(i) for i in bank0.ids[:6]]
+    at = _page(_app(monkeypatch, tiny_run, token=TOKEN), "deletions")
+    at.text_area(key="ids_text").input(", ".join(map(str, ids))).run()
+    assert {m.label: m.value for m in at.metric}["In the memory bank"] == "6"
+    assert at.button(key="delete").disabled  # no credential yet
+    at.text_input(key="credential").input(TOKEN)
+    at.text_input(key="operator").input("Dana (DPO)").run()
+    at.checkbox(key="confirm").check().run()
+    assert not at.button(key="delete").disabled
+    at.button(key="delete").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    bank1 = MemoryBank.load(tiny_run / "bank.npz")
+    assert len(bank1) == len(bank0) - 6 and not set(ids) & set(bank1.ids.tolist())
+    table = at.dataframe[0].value  # before/after metrics
+    assert list(table["metric"]) == ["TA", "RA", "FA", "MIA", "Ps"]
+    assert table.loc[table["metric"] == "MIA", "after"].item() != "—"
+    assert any("Retrieval check passed" in s.value for s in at.success)
+    assert at.get("download_button")
+    # after the rerun the preview reflects the bank as it is now
+    assert {m.label: m.value for m in at.metric}["Deleted earlier"] == "6"
+    _page(at, "audit")
+    requests = at.dataframe[0].value
+    assert requests["ids deleted"].tolist() == [6] and requests["ids"][0] == " ".join(map(str, ids))
+
+
+def test_viewer_cannot_delete(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fp = MemoryBank.load(tiny_run / "bank.npz").fingerprint()
+    ids = MemoryBank.load(tiny_run / "bank.npz").ids[:3].tolist()
+    at = _page(_app(monkeypatch, tiny_run, token=TOKEN), "deletions")
+    at.radio(key="method").set_value("Upload an ids file").run()
+    at.file_uploader(key="ids_file").set_value(("req.csv", ("id\n" + "\n".join(map(str, ids))).encode(),
+                                                "text/csv")).run()
+    assert {m.label: m.value for m in at.metric}["In the memory bank"] == "3"
+    assert len([c for c in at.caption if c.value.startswith("id ")]) == 3  # the preview thumbnails
+    at.text_input(key="credential").input("wrong").run()
+    assert any("not accepted" in w.value for w in at.warning)
+    assert at.checkbox(key="confirm").disabled and at.button(key="delete").disabled
+    with pytest.raises(AppTestError):
+        at.button(key="delete").click()
+    at.run()
+    assert MemoryBank.load(tiny_run / "bank.npz").fingerprint() == fp
+    # select by similarity to an uploaded image: preview works for a viewer too
+    at.radio(key="method").set_value("Similar to an image").run()
+    at.file_uploader(key="query_images").set_value(("me.png", _digit_png(), "image/png"))
+    at.number_input(key="top_n").set_value(5).run()
+    assert not at.exception and len(at.multiselect(key="similar_pick").value) == 5
+    assert at.button(key="delete").disabled
+    assert MemoryBank.load(tiny_run / "bank.npz").fingerprint() == fp
+
+
+def test_overview_evaluate_now_records_metrics(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, tiny_run)
+    assert "No evaluation recorded yet" in at.info[0].value
+    at.button(key="evaluate").click().run()
+    assert not at.exception and not at.error
+    assert (tiny_run / "metrics.json").exists()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["TA (test accuracy)"].endswith("%") and metrics["FA (deleted samples)"] == "—"
+    assert at.get("plotly_chart")
+
+
+def test_missing_run_trains_the_demo_run(tmp_path: Path, tiny_run_template: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MUNKEY_PROFILE", "tiny")
+    run = tmp_path / "fresh"
+    at = _app(monkeypatch, run)
+    assert at.title[0].value == "No MUNKEY run yet"
+    deadline = time.time() + 120
+    while time.time() < deadline and at.title[0].value != "MUNKEY model":
+        time.sleep(1.0)
+        at.run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.title[0].value == "MUNKEY model" and (run / "config.json").exists()
+    assert "**profile** `tiny`" in _texts(at)
+
+
+def test_damaged_run_shows_an_error_not_a_traceback(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tiny_run / "model.pt").write_bytes(b"garbage")
+    at = _app(monkeypatch, tiny_run)
+    assert at.error and "damaged" in at.error[0].value
