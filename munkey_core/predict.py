@@ -106,8 +106,8 @@ def predict(model: MunkeyViT, bank: MemoryBank, images: torch.Tensor, query_keys
         ex = None if exclude is None else exclude[sl]
         parts.append(_predict_batch(model, bank, images[sl].to(device), q[sl], k, tau, mode, pathway, ex,
                                     neighbour_predictions))
-    return Predictions(*(np.concatenate([p[i] for p in parts]) if parts[0][i] is not None else None
-                         for i in range(6)), mode=mode)
+    columns = [None if parts[0][i] is None else np.concatenate([p[i] for p in parts]) for i in range(6)]
+    return Predictions(*columns, mode=mode)
 
 
 def _predict_batch(model: MunkeyViT, bank: MemoryBank, x: torch.Tensor, q: torch.Tensor, k: int, tau: float,
