@@ -33,7 +33,7 @@ from munkey_core.errors import MunkeyError
 from munkey_core.memory import MemoryBank
 from munkey_core.predict import Predictions
 from munkey_core.service import MunkeyRun, Progress, train_run
-from munkey_core.unlearn.keydelete import parse_ids
+from munkey_core.unlearn.keydelete import ids_from_bytes  # noqa: F401  (re-exported for the pages)
 
 METRIC_NAMES = ("TA", "RA", "FA", "MIA", "Ps")
 
@@ -109,19 +109,6 @@ def evidence_rows(run: MunkeyRun, preds: Predictions, i: int = 0) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- selecting samples
-
-
-def ids_from_bytes(data: bytes, name: str = "ids file") -> list[int]:
-    """Ids from an uploaded text or CSV file (same rules as `munkey forget --ids-file`)."""
-    if b"\x00" in data:
-        raise MunkeyError(f"{name} is not a text file; give one id per line or comma separated. "
-                          "Nothing was deleted.")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise MunkeyError(f"{name} is not a UTF-8 text file; give one id per line or comma separated. "
-                          "Nothing was deleted.") from None
-    return parse_ids(text, source=name)
 
 
 def similar_training_samples(run: MunkeyRun, images: Sequence[np.ndarray], n: int = 10) -> list[dict]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -48,20 +48,24 @@ def parse_ids(text: str, source: str = "ids") -> list[int]:
     return list(dict.fromkeys(int(t) for t in tokens))
 
 
-def read_ids_file(path: str | Path) -> list[int]:
-    """Ids from a text or CSV file; a missing or binary file raises MunkeyError."""
-    path = Path(path)
-    if not path.is_file():
-        raise MunkeyError(f"The ids file {path} does not exist. Nothing was deleted.")
-    data = path.read_bytes()
+def ids_from_bytes(data: bytes, source: str = "ids file") -> list[int]:
+    """Ids from the bytes of a text or CSV file (a file or a dashboard upload); binary -> MunkeyError."""
     try:
         if b"\x00" in data:
             raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise MunkeyError(f"{path} is not a text file; give one id per line or comma separated. "
+        raise MunkeyError(f"{source} is not a text file (UTF-8 expected); give one id per line or comma separated. "
                           "Nothing was deleted.") from None
-    return parse_ids(text, source=str(path))
+    return parse_ids(text, source=source)
+
+
+def read_ids_file(path: str | Path) -> list[int]:
+    """Ids from a text or CSV file; a missing or binary file raises MunkeyError."""
+    path = Path(path)
+    if not path.is_file():
+        raise MunkeyError(f"The ids file {path} does not exist. Nothing was deleted.")
+    return ids_from_bytes(path.read_bytes(), source=str(path))
 
 
 def random_ids(ids: np.ndarray, fraction: float, seed: int) -> list[int]:
@@ -75,8 +79,10 @@ def random_ids(ids: np.ndarray, fraction: float, seed: int) -> list[int]:
     return sorted(int(i) for i in chosen)
 
 
-def purge_checkpoints(checkpoint_dir: Path, ids: Iterable[int]) -> int:
-    """Remove the exemplar rows of `ids` from every per-epoch checkpoint; returns files rewritten."""
+def purge_checkpoints(checkpoint_dir: Path, ids: Iterable[int],
+                      on_file: Callable[[Path], None] | None = None) -> int:
+    """Remove the exemplar rows of `ids` from every per-epoch checkpoint; returns files rewritten.
+    Idempotent (a file without those rows is left alone); `on_file` is called after each rewrite."""
     drop = set(int(i) for i in ids)
     rewritten = 0
     for path in sorted(checkpoint_dir.glob("epoch_*.pt")):
@@ -92,4 +98,6 @@ def purge_checkpoints(checkpoint_dir: Path, ids: Iterable[int]) -> int:
         ckpt["values"] = ckpt["values"][torch.from_numpy(keep)].clone()
         atomic_torch_save(path, ckpt)
         rewritten += 1
+        if on_file is not None:
+            on_file(path)
     return rewritten
