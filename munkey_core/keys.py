@@ -144,7 +144,7 @@ class KeyEncoder:
 
     def preprocess(self, batch: np.ndarray) -> torch.Tensor:
         """(B, H, W, C) uint8 -> (B, 3, res, res) float32 normalised, channels_last, on self.device."""
-        x = torch.from_numpy(np.ascontiguousarray(batch)).to(self.device)   # (B, H, W, C) uint8
+        x = torch.from_numpy(np.require(batch, requirements=["C", "W"])).to(self.device)  # (B, H, W, C) uint8
         x = x.permute(0, 3, 1, 2).float().div_(255.0)                       # (B, C, H, W) in [0, 1]
         r = self.resolution
         if x.shape[-2:] != (r, r):
