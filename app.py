@@ -14,6 +14,7 @@ PAGES = [
     st.Page("pages/evidence.py", title="Case evidence", icon=":material/image_search:"),
     st.Page("pages/deletions.py", title="Deletion requests", icon=":material/delete:"),
     st.Page("pages/audit.py", title="Audit log", icon=":material/fact_check:"),
+    st.Page("pages/embeddings.py", title="Embeddings", icon=":material/scatter_plot:"),
 ]
 
 nav = st.navigation(PAGES)  # before the heavy imports below, so the sidebar is right from the start

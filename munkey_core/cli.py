@@ -1,4 +1,4 @@
-"""The `munkey` command line: train, predict, forget, evaluate, demo.
+"""The `munkey` command line: train, predict, forget, evaluate, audit, demo.
 
 User errors (MunkeyError) print one clear message to stderr and exit with status 2; `--json`
 makes a command print exactly one JSON object on stdout.
@@ -63,8 +63,35 @@ def _add_forget(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--ids-file", help="text or CSV file of ids (one per line, or an 'id' column)")
     src.add_argument("--random-fraction", type=float, help="delete this random fraction of the bank")
     p.add_argument("--seed", type=int, default=0, help="seed for --random-fraction")
+    p.add_argument("--operator", required=True, help="who files this deletion (recorded in the audit log)")
+    p.add_argument("--subject", default=None, help="the data subject's reference, e.g. a case number; the log keeps "
+                   "only a keyed hash of it")
+    p.add_argument("--no-evaluate", action="store_true", help="skip measuring TA/RA/FA/MIA before and after "
+                   "(faster; recorded as not evaluated)")
+    p.add_argument("--max-samples", type=int, default=2000, help="cap per evaluated set (0 = all)")
+    p.add_argument("--audit-url", default=None, help="PostgreSQL URL of the audit log (default: $MUNKEY_AUDIT_URL, "
+                   "else the run's own SQLite log)")
     p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true")
+
+
+def _add_audit(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("audit", help="verify the audit log and receipts, list entries, re-issue a receipt")
+    asub = p.add_subparsers(dest="audit_command", required=True)
+    v = asub.add_parser("verify", help="re-compute the hash chain; name the first entry edited, removed, inserted "
+                        "or reordered (exit status 1 when the log is not intact)")
+    v.add_argument("run")
+    r = asub.add_parser("verify-receipt", help="check a receipt against the run's log (exit status 1 if invalid)")
+    r.add_argument("receipt", help="the receipt's .json file")
+    r.add_argument("run")
+    s = asub.add_parser("show", help="list the log's entries")
+    s.add_argument("run")
+    i = asub.add_parser("receipt", help="(re-)issue the receipt of a logged request")
+    i.add_argument("run")
+    i.add_argument("request_id")
+    for q in (v, r, s, i):
+        q.add_argument("--audit-url", default=None, help="PostgreSQL URL (default: $MUNKEY_AUDIT_URL)")
+        q.add_argument("--json", action="store_true")
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
@@ -87,7 +114,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="munkey", description="Unlearning by design: MUNKEY key deletion.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_demo):
+    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_audit, _add_demo):
         add(sub)
     return parser
 
@@ -145,20 +172,36 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
+    from munkey_core.deletion import RefusedRequest, record_refusal
     from munkey_core.service import MunkeyRun
     from munkey_core.unlearn.keydelete import parse_ids, read_ids_file
 
-    if args.ids is not None:
-        ids = parse_ids(args.ids, source="--ids")
-    elif args.ids_file is not None:
-        ids = read_ids_file(args.ids_file)
-    else:
-        ids = None
-    run = MunkeyRun(args.run, device=args.device)
-    res = run.forget(ids) if ids is not None else run.forget_random(args.random_fraction, args.seed)
+    source = "ids" if args.ids is not None else "ids-file" if args.ids_file is not None else "random-fraction"
+    ids = None
+    opts = {"operator": args.operator, "subject": args.subject, "evaluate": not args.no_evaluate,
+            "max_samples": args.max_samples, "source": source}
+    try:
+        if args.ids is not None:
+            ids = parse_ids(args.ids, source="--ids")
+        elif args.ids_file is not None:
+            ids = read_ids_file(args.ids_file)
+        run = MunkeyRun(args.run, device=args.device, audit_url=args.audit_url)
+        res = run.forget(ids, **opts) if ids is not None else run.forget_random(args.random_fraction, args.seed, **opts)
+    except RefusedRequest:
+        raise
+    except MunkeyError as exc:  # refused before reaching the run: record it when the log is intact
+        rid = record_refusal(args.run, reason=str(exc), operator=args.operator, subject=args.subject,
+                             requested_ids=ids, source=source, url=args.audit_url)
+        if rid is None:
+            raise
+        raise MunkeyError(f"{exc} (The refused request {rid} is recorded in the audit log.)") from None
     out = {"deleted": res.deleted, "already_deleted": res.already_deleted, "bank_size": res.bank_size,
-           "seconds": res.seconds}
-    text = f"deleted {len(res.deleted)} sample(s) in {res.seconds * 1000:.1f} ms; bank now holds {res.bank_size}"
+           "seconds": res.seconds, "request_id": res.request_id, "receipt": res.receipt,
+           "receipt_html": res.receipt_html, "log_entry": res.entry_seq, "entry_hash": res.entry_hash,
+           "evidence_passed": res.evidence_passed, "metrics_after": res.entry.get("metrics", {}).get("after")}
+    text = (f"deleted {len(res.deleted)} sample(s) in {res.seconds * 1000:.1f} ms; bank now holds {res.bank_size}\n"
+            f"request {res.request_id} recorded as audit log entry #{res.entry_seq}; post-deletion checks "
+            f"{'passed' if res.evidence_passed else 'FAILED'}\nreceipt: {res.receipt} (readable: {res.receipt_html})")
     if res.already_deleted:
         text += f"\nalready deleted earlier (nothing to do): {', '.join(map(str, res.already_deleted))}"
     _emit(out, args.json, text)
@@ -177,6 +220,46 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from munkey_core import audit, receipts
+
+    if args.audit_command == "verify":
+        v = audit.verify_run(args.run, args.audit_url)
+        d = v.as_dict()
+        text = ("log intact" if v.ok else f"log NOT intact: {v.problem}") + f" ({v.location}): {v.message}"
+        text += "".join(f"\nnote: {n}" for n in v.notes)
+        _emit(d, args.json, text)
+        return 0 if v.ok else 1
+    if args.audit_command == "verify-receipt":
+        res = receipts.verify_receipt(receipts.load_receipt(args.receipt), args.run, args.audit_url)
+        text = ("receipt VALID" if res["ok"] else "receipt INVALID") + f" ({res['request_id']}): {res['message']}"
+        _emit(res, args.json, text)
+        return 0 if res["ok"] else 1
+    log = audit.open_log(args.run, args.audit_url)
+    if log is None:
+        raise MunkeyError(f"{args.run} has no audit log yet: no deletion request has been filed.")
+    with log:
+        entries = log.entries()
+        if args.audit_command == "show":
+            rows = [{"seq": e.seq, "kind": e.kind, "request_id": e.request_id, "operator": e.body.get("operator"),
+                     "received": e.body.get("received"), "executed": e.body.get("executed"),
+                     "deleted": [s["id"] for s in e.body.get("samples", [])],
+                     "bank_size": (e.body.get("bank") or {}).get("after", {}).get("size"),
+                     "evidence_passed": (e.body.get("evidence") or {}).get("passed"),
+                     "reason": e.body.get("reason"), "entry_hash": e.entry_hash} for e in entries]
+            text = "\n".join(f"#{r['seq']:<4} {r['kind']:<9} {r['request_id']}  {r['received']}  {r['operator']}  "
+                             + (f"deleted {len(r['deleted'])}" if r["kind"] == "deletion" else f"({r['reason']})")
+                             for r in rows) or "the log is empty"
+            _emit({"entries": rows}, args.json, text)
+            return 0
+        entry = next((e for e in entries if e.request_id == args.request_id), None)
+        if entry is None:
+            raise MunkeyError(f"The log holds no request {args.request_id!r}; list them with 'munkey audit show RUN'.")
+        js, page = receipts.issue(args.run, log, entry)
+    _emit({"receipt": str(js), "receipt_html": str(page)}, args.json, f"receipt: {js}\nreadable: {page}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from munkey_core.demo import run_demo
 
@@ -185,7 +268,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "predict": cmd_predict, "forget": cmd_forget, "evaluate": cmd_evaluate,
-            "demo": cmd_demo}
+            "audit": cmd_audit, "demo": cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

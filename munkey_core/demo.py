@@ -43,9 +43,10 @@ def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: 
     if fraction > 0:
         ids = random_ids(run.bank.ids, fraction, seed=0)
         before["FA"] = run.accuracy_on_ids(ids)  # the same samples, while still in the bank
-        res = run.forget(ids)
+        res = run.forget(ids, operator="munkey demo", subject="demo request", evaluate=True, max_samples=0)
         print_fn(f"\ndeleted {len(res.deleted)} training samples in {res.seconds * 1000:.1f} ms "
                  f"(bank now {res.bank_size}); FA before = their accuracy while still in the bank")
+        print_fn(f"audit log entry #{res.entry_seq}, receipt {res.receipt} (readable: {res.receipt_html})")
     after = run.evaluate(max_samples=0)
     print_fn("\nmetrics (percent; MIA = " + after["MIA_attack"] + "):")
     for name in ("TA", "RA", "FA", "MIA"):

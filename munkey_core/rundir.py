@@ -7,10 +7,18 @@
     history.json      per-epoch training record
     metrics.json      every evaluation, in order
     checkpoints/      epoch_NNN.pt: weights + exemplars of the newest epochs
+    audit.json        the audit log's binding: run id, backend (sqlite | postgresql), where (no password)
+    audit.sqlite      the audit log, when it is the run's own (default)
+    audit_head.json   (seq, hash) of the log's newest entry: the anchor that shows truncation
+    audit_pending.json  only while an append is in flight
+    journal.json      only while a deletion is in flight: the commit point and the pending audit entry
+    receipts/         <request id>.json and .html per request
+    .lock             the inter-process lock file (flock; runlock.py)
 
-Every file is written atomically. A deletion writes forgotten.json first, then purges the
-checkpoints, then the bank; `recover` rolls an interrupted deletion forward on the next load, so
-the run is always either before or after a request.
+Every file is written atomically. A deletion (deletion.py) writes journal.json first (the commit
+point), then forgotten.json, the checkpoints, the bank, the audit entry and the receipt, and
+removes the journal; an interrupted deletion is rolled forward when the run is next opened, so the
+run is always either before or after a request.
 """
 
 from __future__ import annotations

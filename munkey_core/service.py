@@ -1,14 +1,16 @@
 """What the CLI and the dashboard call: train a run, open it, predict with evidence, forget, evaluate.
 
-One `MunkeyRun` holds one loaded run (model, bank, lazily the dataset and key encoder) and a lock,
-so a UI thread and a background job never interleave a deletion with a prediction.
+One `MunkeyRun` holds one loaded run (model, bank, lazily the dataset and key encoder) and two
+locks: a thread lock, so a UI thread and a background job never interleave a deletion with a
+prediction, and the run directory's file lock (runlock.py), so processes never do either. Opening
+a run finishes an interrupted deletion (deletion.py); `forget` is an audited request.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
@@ -17,9 +19,12 @@ import numpy as np
 import torch
 
 from munkey_core import data as data_mod
+from munkey_core import deletion
 from munkey_core import keys as keys_mod
 from munkey_core.config import ModelConfig, TrainConfig, from_dict, resolve_device, resolve_profile, with_overrides
+from munkey_core.deletion import ForgetResult
 from munkey_core.errors import MunkeyError
+from munkey_core.evidence import model_fingerprint
 from munkey_core.images import match_channels, read_image_file, resize_to
 from munkey_core.memory import MemoryBank
 from munkey_core.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc, pathway_sensitivity
@@ -27,25 +32,16 @@ from munkey_core.model import MunkeyViT, preprocess_images
 from munkey_core.predict import Predictions, predict
 from munkey_core.rundir import (FORMAT_VERSION, RunPaths, load_state_dict, open_run, read_config, read_forgotten,
                                 read_list)
+from munkey_core.runlock import RunLock
 from munkey_core.storage import atomic_torch_save, atomic_write_json
 from munkey_core.train import TrainData, train_munkey
-from munkey_core.unlearn.keydelete import purge_checkpoints, random_ids
+from munkey_core.unlearn.keydelete import random_ids
 
 Progress = Callable[[str, float], None]  # (stage, fraction done)
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-@dataclass(frozen=True)
-class ForgetResult:
-    """Outcome of a deletion request."""
-
-    deleted: list[int]
-    already_deleted: list[int]
-    bank_size: int
-    seconds: float
 
 
 def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: str = keys_mod.DEFAULT_ENCODER,
@@ -93,8 +89,9 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
 class MunkeyRun:
     """A loaded run directory: the model, its current bank, and the operations on them."""
 
-    def __init__(self, path: str | Path, device: str = "auto") -> None:
+    def __init__(self, path: str | Path, device: str = "auto", audit_url: str | None = None) -> None:
         self.paths = open_run(path)
+        self.audit_url = audit_url  # PostgreSQL log URL; None: $MUNKEY_AUDIT_URL or the run's SQLite log
         self.config = read_config(self.paths)
         self.device = resolve_device(device)
         self.model_cfg: ModelConfig = from_dict(ModelConfig, self.config["model"])
@@ -105,12 +102,46 @@ class MunkeyRun:
         except RuntimeError:
             raise MunkeyError(f"{self.paths.model} does not match the run's config; the run is damaged.") from None
         self.model.eval()
-        self.bank = MemoryBank.load(self.paths.bank).to(self.device)
-        self.forgotten = read_forgotten(self.paths)
-        self.lock = threading.RLock()
+        self._model_fp: str | None = None
+        self.lock = threading.RLock()  # threads of this process
+        self.runlock = RunLock(self.paths.root)  # processes: deletions and appends hold it exclusively
         self._encoder: keys_mod.KeyEncoder | None = None
         self._dataset = None
-        self._recover()
+        with self.runlock.hold(exclusive=False):
+            self._load_state()
+            busy = deletion.needs_recovery(self)
+        if busy:
+            with self.runlock.hold(exclusive=True):
+                self._load_state()
+                self._recover()
+
+    def _disk_stamp(self) -> tuple:
+        out = []
+        for p in (self.paths.bank, self.paths.forgotten):
+            try:
+                s = p.stat()
+                out.append((s.st_ino, s.st_mtime_ns, s.st_size))
+            except FileNotFoundError:
+                out.append(None)
+        return tuple(out)
+
+    def _load_state(self) -> None:
+        """(Re)read the bank and forgotten.json from disk."""
+        self.bank = MemoryBank.load(self.paths.bank).to(self.device)
+        self.forgotten = read_forgotten(self.paths)
+        self._stamp = self._disk_stamp()
+
+    def _reload_if_changed(self) -> None:
+        """Another process may have deleted since we loaded: re-read before changing anything."""
+        if self._disk_stamp() != self._stamp:
+            self._load_state()
+
+    @property
+    def model_fingerprint(self) -> str:
+        """sha256 of the weights (computed once: key deletion never changes them)."""
+        if self._model_fp is None:
+            self._model_fp = model_fingerprint(self.model)
+        return self._model_fp
 
     # ----- lazily loaded parts -------------------------------------------------------------
     @property
@@ -171,46 +202,34 @@ class MunkeyRun:
         return self.predict_images([read_image_file(p) for p in paths], **kwargs)
 
     # ----- deletion ------------------------------------------------------------------------
-    def forget(self, ids: Sequence[int]) -> ForgetResult:
-        """Delete training samples by id: bank rows, their optimiser moments, checkpoint rows.
+    def forget(self, ids: Sequence[int], *, operator: str | None = None, subject: str | None = None,
+               evaluate: bool = False, max_samples: int = 2000, source: str = "ids",
+               progress: Progress | None = None) -> ForgetResult:
+        """Delete training samples by id: bank rows, their optimiser moments, checkpoint rows; record
+        the request in the audit log and write its receipt (deletion.py has the protocol).
 
-        Unknown ids refuse the whole request (nothing changes); ids deleted earlier are reported.
+        Unknown ids refuse the whole request (nothing changes; the refusal is logged); ids deleted
+        earlier are reported. `evaluate` measures the metrics before and after (slower).
+        `operator` None records the OS user (the CLI and the dashboard always name one).
         """
-        t0 = time.perf_counter()
-        ids = list(dict.fromkeys(int(i) for i in ids))
-        if not ids:
-            raise MunkeyError("The deletion request names no sample id. Nothing was deleted.")
-        with self.lock:
-            done = set(self.forgotten_ids)
-            already = [i for i in ids if i in done]
-            unknown = [i for i in ids if i not in done and i not in self.bank]
-            if unknown:
-                shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
-                raise MunkeyError(f"{len(unknown)} id(s) are not training samples of this run: {shown}. "
-                                  "Nothing was deleted.")
-            todo = [i for i in ids if i not in done]
-            if todo:
-                self.forgotten = {"ids": self.forgotten_ids + todo,
-                                  "requests": self.forgotten.get("requests", []) + [{"time": _now(), "ids": todo}]}
-                atomic_write_json(self.paths.forgotten, self.forgotten)  # intent first: recoverable
-                self._apply_deletion(todo)
-        return ForgetResult(todo, already, len(self.bank), time.perf_counter() - t0)
+        return deletion.forget(self, ids, operator=operator, subject=subject, evaluate=evaluate,
+                               max_samples=max_samples, source=source, progress=progress)
 
-    def forget_random(self, fraction: float, seed: int = 0) -> ForgetResult:
+    def forget_random(self, fraction: float, seed: int = 0, **kwargs) -> ForgetResult:
         """Delete a seeded random fraction of the samples still in the bank."""
-        return self.forget(random_ids(self.bank.ids, fraction, seed))
+        return self.forget(random_ids(self.bank.ids, fraction, seed), **{"source": "random-fraction", **kwargs})
 
     def _apply_deletion(self, ids: Sequence[int]) -> None:
-        purge_checkpoints(self.paths.checkpoints, ids)
+        """Remove ids from the bank in memory and on disk (swap-with-last, vacated rows zeroed)."""
         self.bank.delete(ids)
         self.bank.compact()
         self.bank.save(self.paths.bank)
+        self._stamp = self._disk_stamp()
 
     def _recover(self) -> None:
-        """Finish a deletion that was interrupted after forgotten.json was written."""
-        pending = [i for i in self.forgotten_ids if i in self.bank]
-        if pending:
-            self._apply_deletion(pending)
+        """Finish an interrupted deletion (journal.json, or legacy ids in forgotten.json still in the bank)."""
+        deletion.recover(self)
+        self._stamp = self._disk_stamp()
 
     # ----- evaluation ----------------------------------------------------------------------
     def evaluate(self, *, max_samples: int = 2000, seed: int = 0, record: bool = True,
@@ -245,6 +264,7 @@ class MunkeyRun:
             "MIA_attack": MIA_CHEAP, "Ps": pathway_sensitivity(a_img, a_tok, ta), "A_img": a_img, "A_tok": a_tok,
             "A_both": ta, "n_test": int(len(test_idx)), "n_retain": int(len(retain_idx)),
             "n_forget": int(len(forget_idx)), "bank_size": len(self.bank), "deleted": len(self.forgotten_ids),
+            "bank_fingerprint": self.bank.fingerprint(), "model_fingerprint": self.model_fingerprint,
         }
         if len(forget_idx):
             report("forget", 0.85)
@@ -255,7 +275,7 @@ class MunkeyRun:
             result["MIA"] = mia_auc(cross_entropy(fgt.probs, fy), fy, cross_entropy(both.probs, test_y), test_y)
         report("done", 1.0)
         if record:
-            with self.lock:
+            with self.lock, self.runlock.hold(exclusive=True):
                 atomic_write_json(self.paths.metrics, self.metrics_history + [{"time": _now(), **result}])
         return result
 
@@ -272,7 +292,7 @@ class MunkeyRun:
     def split_keys(self, split: str) -> np.ndarray:
         """Keys (N, Dk) of a dataset split, from the on-disk key cache (computed on first use)."""
         s = self.dataset.split(split)
-        return keys_mod.cached_keys(self.encoder, s.images, s.ids, dataset=self.dataset.name, split=split,
+        return keys_mod.cached_keys(_CacheEncoder(self), s.images, s.ids, dataset=self.dataset.name, split=split,
                                     progress=False)
 
     def summary(self) -> dict:
@@ -282,6 +302,24 @@ class MunkeyRun:
                 "classes": len(c["class_names"]), "train_size": c.get("train_size"), "bank_size": len(self.bank),
                 "deleted": len(self.forgotten_ids), "created": c.get("created"),
                 "train_seconds": c.get("train_seconds"), "device": str(self.device)}
+
+
+class _CacheEncoder:
+    """The run's key encoder as the key cache sees it: described by the run's config, loaded only on a
+    cache miss (loading the encoder costs seconds; reading cached keys, milliseconds)."""
+
+    def __init__(self, run: MunkeyRun) -> None:
+        self._run = run
+        self._desc = dict(run.config["encoder"])
+        self.name = str(self._desc["name"])
+        self.resolution = int(self._desc["resolution"])
+        self.dim = int(self._desc["dim"])
+
+    def describe(self) -> dict:
+        return dict(self._desc)
+
+    def encode(self, images: np.ndarray, batch_size: int = 256, progress: bool = False) -> np.ndarray:
+        return self._run.encoder.encode(images, batch_size=batch_size, progress=progress)
 
 
 def _subsample(index: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:

@@ -6,7 +6,7 @@ this module or from `service.MunkeyRun`:
 - evidence: `predict_test_sample`, `evidence_rows`, `training_images`, `display_image`
 - selection for deletion: `ids_from_bytes`, `similar_training_samples`, `classify_ids`
 - deletion with before/after metrics: `delete_and_measure`, `retrieval_check`, `metrics_table`
-- audit and charts: `deletion_requests`, `latest_metrics`
+- charts: `deletion_requests`, `latest_metrics` (the audit log's views are in auditviews.py)
 - the operator check: `check_credential`
 - training the demo run off the UI thread: `TrainingJob`
 
@@ -195,52 +195,44 @@ def retrieval_check(run: MunkeyRun, ids: Sequence[int], k: int | None = None) ->
     return result
 
 
-def _scaled(progress: Progress | None, lo: float, hi: float, prefix: str) -> Progress:
-    def report(stage: str, frac: float) -> None:
-        if progress is not None:
-            progress(f"{prefix}: {stage}", lo + (hi - lo) * float(frac))
-    return report
+def delete_and_measure(run: MunkeyRun, ids: Sequence[int], *, operator: str, subject: str | None = None,
+                       max_samples: int = 2000, progress: Progress | None = None) -> dict:
+    """Delete `ids` as one audited request (MunkeyRun.forget with evaluation) and summarise it for the
+    page, from its audit-log entry; the receipt files are named in `receipt_json` / `receipt_html`.
 
-
-def delete_and_measure(run: MunkeyRun, ids: Sequence[int], *, operator: str = "", max_samples: int = 2000,
-                       progress: Progress | None = None) -> dict:
-    """Delete `ids` and measure what changed; returns the JSON-ready deletion summary.
-
-    Before: TA, RA, Ps from the newest metrics entry if it describes the current bank, else from an
-    evaluation run now (recorded); FA = accuracy on this request's samples while still in the bank
-    (as `munkey demo` does); MIA is undefined before the deletion. After: `evaluate` (recorded), whose
-    FA and MIA cover every sample deleted so far, plus FA on this request's samples alone.
-    Unknown ids refuse the whole request (MunkeyError, nothing changes).
+    Before: TA, RA, Ps from the newest metrics entry if it describes the current bank, else measured
+    now; FA = accuracy on this request's samples while still in the bank; MIA is undefined before.
+    After: a fresh evaluation, whose FA and MIA cover every sample deleted so far, plus FA on this
+    request's samples alone. Unknown ids refuse the whole request (MunkeyError, nothing changes, the
+    refusal is logged); an empty operator name is refused before anything happens.
     """
-    report = progress or (lambda stage, frac: None)
-    groups = classify_ids(run, ids)
-    if groups["unknown"]:
-        shown = ", ".join(map(str, groups["unknown"][:10])) + (" ..." if len(groups["unknown"]) > 10 else "")
-        raise MunkeyError(f"{len(groups['unknown'])} id(s) are not training samples of this run: {shown}. "
-                          "Nothing was deleted.")
-    todo = groups["in_bank"]
-    bank_before = len(run.bank)
-    before = latest_metrics(run, current_only=True)
-    before_source = f"metrics.json entry of {before.get('time')}" if before else "evaluated before the deletion"
-    if before is None:
-        before = run.evaluate(max_samples=max_samples, progress=_scaled(progress, 0.0, 0.4, "before"))
-    before = {**before, "FA": run.accuracy_on_ids(todo) if todo else None, "MIA": None}
-    report("deleting", 0.45)
-    res = run.forget(list(ids))
-    after = run.evaluate(max_samples=max_samples, progress=_scaled(progress, 0.5, 0.95, "after"))
-    fa_request_after = run.accuracy_on_ids(res.deleted) if res.deleted else None
-    check = retrieval_check(run, res.deleted)
-    report("done", 1.0)
+    if not str(operator or "").strip():
+        raise MunkeyError("Enter the operator's name: every deletion is recorded with who filed it. Nothing was "
+                          "deleted.")
+    requested = [int(i) for i in dict.fromkeys(int(x) for x in ids)]
+    res = run.forget(requested, operator=operator, subject=subject, evaluate=True, max_samples=max_samples,
+                     source="dashboard", progress=progress)
+    body = res.entry
+    met, ev = body["metrics"], body["evidence"]
+    before = {**(met["before"] or {}), "FA": ev.get("request_FA_before"), "MIA": None}
+    after = met["after"] or {}
+    retrieved = sorted(set(ev["own_key_search"]["retrieved"]) | set(ev["probe_search"]["retrieved"]))
     return {
-        "kind": "MUNKEY deletion summary (not a tamper-evident receipt)",
-        "time": _now(), "run": str(Path(run.paths.root).resolve()), "dataset": run.config["dataset"],
-        "operator": operator or None, "requested_ids": [int(i) for i in dict.fromkeys(int(x) for x in ids)],
+        "kind": "MUNKEY deletion summary (the tamper-evident record is the receipt: receipt_json)",
+        "time": body["executed"], "run": str(Path(run.paths.root).resolve()), "dataset": run.config["dataset"],
+        "operator": body["operator"], "subject_ref": body["subject_ref"], "requested_ids": requested,
         "deleted": res.deleted, "already_deleted": res.already_deleted,
-        "bank_size_before": bank_before, "bank_size_after": res.bank_size, "delete_seconds": res.seconds,
-        "before_source": before_source, "metrics_before": _metric_subset(before),
-        "metrics_after": _metric_subset(after), "FA_this_request_after": fa_request_after,
-        "n_forget_after": after.get("n_forget"), "MIA_attack": after.get("MIA_attack"),
-        "retrieval_check": check,
+        "bank_size_before": body["bank"]["before"]["size"], "bank_size_after": res.bank_size,
+        "delete_seconds": res.seconds, "before_source": met["before_source"],
+        "metrics_before": _metric_subset(before), "metrics_after": _metric_subset(after),
+        "FA_this_request_after": ev.get("request_FA_after"), "MIA_this_request": ev.get("request_MIA"),
+        "n_forget_after": after.get("n_forget"), "MIA_attack": after.get("MIA_attack") or ev.get("MIA_attack"),
+        "retrieval_check": {"ok": bool(ev["passed"]), "ids_checked": ev["ids_checked"], "k": ev["k"],
+                            "probe_queries": ev["probe_search"]["queries"], "retrieved": retrieved,
+                            "in_memory_bank": ev["in_memory_bank"], "in_bank_file": ev["in_bank_file"],
+                            "in_checkpoints": ev["in_checkpoints"]},
+        "oracle_note": ev.get("oracle_note"), "request_id": res.request_id, "log_entry": res.entry_seq,
+        "entry_hash": res.entry_hash, "receipt_json": res.receipt, "receipt_html": res.receipt_html,
     }
 
 

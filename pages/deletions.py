@@ -2,15 +2,19 @@
 as an authorised operator, and see what changed.
 
 Anyone can select and preview; deleting needs the operator credential ($MUNKEY_OPERATOR_TOKEN or
-`operator_token` in .streamlit/secrets.toml), compared in constant time.
+`operator_token` in .streamlit/secrets.toml), compared in constant time, and the operator's name.
+Every deletion is an audit-log entry with a receipt; an attempt with a wrong credential is logged
+as refused. Uploaded images and ids files are processed in memory and never written to disk.
 """
 
 import json
 import os
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
+from munkey_core.auditviews import refuse_unauthorised
 from munkey_core.errors import MunkeyError
 from munkey_core.images import decode_image
 from munkey_core.unlearn.keydelete import parse_ids
@@ -63,15 +67,32 @@ def show_summary(summary: dict) -> None:
         st.error(f"Retrieval check FAILED: retrieved {check['retrieved']}, still in memory "
                  f"{check['in_memory_bank']}, still in the bank file {check['in_bank_file']}.",
                  icon=":material/error:")
-    st.download_button("Download deletion summary (JSON)", json.dumps(summary, indent=2, default=float),
-                       file_name="deletion_summary.json", mime="application/json", key="download_summary")
-    st.caption("A deletion summary, not a tamper-evident receipt (signed receipts come in a later version).")
+    st.info(f"Request `{summary['request_id']}` is entry #{summary['log_entry']} of the audit log. Its receipt "
+            "(JSON, and a readable page) carries the log's head hash; check it any time on the Audit log page or "
+            "with `munkey audit verify-receipt`.", icon=":material/receipt_long:")
+    c = st.columns(3)
+    for col, key, label, mime, ext in ((c[0], "receipt_json", "Download receipt (JSON)", "application/json", "json"),
+                                       (c[1], "receipt_html", "Download receipt (HTML)", "text/html", "html")):
+        path = Path(summary[key])
+        if path.is_file():
+            col.download_button(label, path.read_bytes(), file_name=f"{summary['request_id']}.{ext}", mime=mime,
+                                key=f"download_{ext}")
+    c[2].download_button("Download deletion summary (JSON)", json.dumps(summary, indent=2, default=float),
+                         file_name="deletion_summary.json", mime="application/json", key="download_summary")
+    st.caption(summary.get("oracle_note") or "")
 
 
 st.title("Deletion requests")
 st.write("Select the training samples a request names, check them, and delete them from the model's memory. "
          "Deletion removes each sample's key and exemplar from the bank and from every checkpoint: no "
          "retraining, and the deleted samples can no longer be retrieved as evidence.")
+
+# A selection made on the Embeddings page arrives as a pre-filled list of ids.
+prefill = st.session_state.pop("deletion_ids_prefill", None)
+if prefill:
+    st.session_state["method"] = "Type ids"
+    st.session_state["ids_text"] = ", ".join(str(i) for i in prefill)
+    st.info(f"{len(prefill)} sample(s) selected on the Embeddings page are filled in below.")
 
 method = st.radio("Select samples", ["Type ids", "Upload an ids file", "Similar to an image"], horizontal=True,
                   key="method")
@@ -91,7 +112,7 @@ elif method == "Upload an ids file":
 else:
     imgs = st.file_uploader("Image(s) of the person or object (PNG, JPEG, BMP, TIFF or NPY)",
                             type=["png", "jpg", "jpeg", "bmp", "tif", "tiff", "npy"], accept_multiple_files=True,
-                            key="query_images")
+                            key="query_images", help="Processed in memory and never written to disk.")
     top_n = st.number_input("How many of the most similar training samples", 1, max(1, len(run.bank)),
                             min(10, max(1, len(run.bank))), key="top_n")
     decoded = []
@@ -141,22 +162,28 @@ if token is None:
                "`MUNKEY_OPERATOR_TOKEN` before starting the app, or add `operator_token = \"...\"` to "
                "`.streamlit/secrets.toml`. You can still select and preview samples.", icon=":material/lock:")
 given = st.text_input("Operator credential", type="password", key="credential", disabled=token is None)
-operator = st.text_input("Operator name (recorded in the deletion summary)", key="operator")
+operator = st.text_input("Operator name (recorded in the audit log)", key="operator")
+subject = st.text_input("Data subject reference (optional, e.g. a case number; the log keeps only a keyed hash)",
+                        key="subject")
 authorised = check_credential(given, token)
 if token is not None and given and not authorised:
     st.warning("That credential is not accepted. You can preview, but not delete.", icon=":material/lock:")
 n = len(groups["in_bank"])
-ready = authorised and n > 0 and not groups["unknown"]
+ready = authorised and n > 0 and not groups["unknown"] and bool(operator.strip())
+if authorised and n > 0 and not operator.strip():
+    st.info("Enter the operator's name to enable deletion.", icon=":material/badge:")
 confirm = st.checkbox(f"I confirm the deletion of {n} training sample(s). This cannot be undone.",
                       key="confirm", disabled=not ready)
 if st.button(f"Delete {n} sample(s)", type="primary", key="delete", disabled=not (ready and confirm),
              icon=":material/delete_forever:"):
     if not check_credential(given, configured_token()):  # re-checked at the moment of deletion
-        st.error("Not authorised: the operator credential is missing or wrong. Nothing was deleted.")
+        rid = refuse_unauthorised(run, ids, operator.strip())
+        st.error("Not authorised: the operator credential is missing or wrong. Nothing was deleted"
+                 + (f"; the attempt is recorded as refused request {rid}." if rid else "."))
     else:
         bar = st.progress(0.0, text="Deleting...")
         with user_errors():
-            summary = delete_and_measure(run, ids, operator=operator.strip(),
+            summary = delete_and_measure(run, ids, operator=operator.strip(), subject=subject.strip() or None,
                                          progress=lambda stage, frac: bar.progress(min(1.0, frac), text=stage))
             st.session_state["deletion_summary"] = summary
             st.rerun()  # redraw the preview and the counts from the bank as it is now

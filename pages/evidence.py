@@ -57,8 +57,9 @@ def show_prediction(title: str, image, preds, i: int, true_label: int | None = N
         cols = st.columns(PER_ROW)
         for col, r, img in zip(cols, rows[start:start + PER_ROW], imgs[start:start + PER_ROW]):
             col.image(display_image(img, 64), width=64)
-            col.caption(f"**id {r['id']}** · label {r['label_name']}  \nsim {r['similarity']:.3f} · "
-                        f"w {r['weight']:.3f}  \nvotes {r['votes_for_name'] if r['votes_for_name'] is not None else '—'}")
+            col.caption(f"**id {r['id']}** · label {r['label_name']}  \nsim {r['similarity']:.3f}  \n"
+                        f"weight {r['weight']:.3f}  \n"
+                        f"votes {r['votes_for_name'] if r['votes_for_name'] is not None else '—'}")
     df = pd.DataFrame(rows)
     df["case"] = [f"#{r['rank']} id {r['id']}" for r in rows]
     df["vote"] = ["for " + names[predicted] if s else "for another class" for s in df["supports_prediction"]]

@@ -65,7 +65,7 @@ def test_every_page_renders(tiny_run_template: Path, monkeypatch: pytest.MonkeyP
     assert "Deletion is disabled" in at.warning[0].value and at.text_input(key="credential").disabled
     _page(at, "audit")
     assert at.title[0].value == "Audit log"
-    assert "not implemented yet" in at.caption[0].value
+    assert "hash-chained" in at.caption[0].value
 
 
 def test_evidence_upload_shows_neighbours_and_survives_a_corrupt_file(tiny_run_template: Path,
@@ -120,6 +120,7 @@ def test_operator_deletes_and_sees_metrics(tiny_run: Path, monkeypatch: pytest.M
     _page(at, "audit")
     requests = at.dataframe[0].value
     assert requests["ids deleted"].tolist() == [6] and requests["ids"][0] == " ".join(map(str, ids))
+    assert requests["operator"][0] == "Dana (DPO)" and any("Log verified" in s.value for s in at.success)
 
 
 def test_viewer_cannot_delete(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,3 +178,13 @@ def test_damaged_run_shows_an_error_not_a_traceback(tiny_run: Path, monkeypatch:
     (tiny_run / "model.pt").write_bytes(b"garbage")
     at = _app(monkeypatch, tiny_run)
     assert at.error and "damaged" in at.error[0].value
+
+
+def test_selection_from_embeddings_prefills_the_deletion_form(tiny_run_template: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = MemoryBank.load(tiny_run_template / "bank.npz").ids[:3].tolist()
+    at = _app(monkeypatch, tiny_run_template)
+    at.session_state["deletion_ids_prefill"] = ids
+    _page(at, "deletions")
+    assert at.text_area(key="ids_text").value == ", ".join(map(str, ids))
+    assert "deletion_ids_prefill" not in at.session_state

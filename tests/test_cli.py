@@ -15,6 +15,9 @@ from munkey_core.cli import main
 from munkey_core.memory import MemoryBank
 
 
+OP = ("--operator", "tester", "--no-evaluate")  # forget needs a named operator; evaluation is tested elsewhere
+
+
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out = capsys.readouterr()
@@ -66,7 +69,7 @@ def test_forget_then_evaluate_and_deleted_ids_never_retrieved(tiny_run: Path, di
     assert before["FA"] is None and before["MIA"] is None and 0 <= before["TA"] <= 100
     assert {"TA", "RA", "FA", "MIA", "Ps", "MIA_attack"} <= set(before)
     size = before["bank_size"]
-    code, out, _ = run_cli(capsys, "forget", str(tiny_run), "--random-fraction", "0.1", "--seed", "1", "--json")
+    code, out, _ = run_cli(capsys, "forget", str(tiny_run), *OP, "--random-fraction", "0.1", "--seed", "1", "--json")
     assert code == 0
     res = json.loads(out)
     assert len(res["deleted"]) == round(0.1 * size) and res["bank_size"] == size - len(res["deleted"])
@@ -79,17 +82,18 @@ def test_forget_then_evaluate_and_deleted_ids_never_retrieved(tiny_run: Path, di
         import torch
         assert not set(torch.load(ck, weights_only=True)["ids"].tolist()) & set(res["deleted"])
     # deleting again is reported, not an error
-    code, out, _ = run_cli(capsys, "forget", str(tiny_run), "--ids", ",".join(map(str, res["deleted"][:2])), "--json")
+    code, out, _ = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", ",".join(map(str, res["deleted"][:2])), "--json")
     assert code == 0 and json.loads(out)["deleted"] == [] and len(json.loads(out)["already_deleted"]) == 2
+    assert json.loads(out)["request_id"] and Path(json.loads(out)["receipt"]).is_file()
 
 
 def test_forget_by_ids_and_ids_file(tiny_run: Path, tmp_path: Path, capsys) -> None:
     ids = MemoryBank.load(tiny_run / "bank.npz").ids[:5].tolist()
-    code, out, _ = run_cli(capsys, "forget", str(tiny_run), "--ids", f"{ids[0]},{ids[1]}", "--json")
+    code, out, _ = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", f"{ids[0]},{ids[1]}", "--json")
     assert code == 0 and json.loads(out)["deleted"] == ids[:2]
     f = tmp_path / "ids.csv"
     f.write_text("id\n" + "\n".join(map(str, ids[2:])) + "\n")
-    code, out, _ = run_cli(capsys, "forget", str(tiny_run), "--ids-file", str(f), "--json")
+    code, out, _ = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids-file", str(f), "--json")
     assert code == 0 and json.loads(out)["deleted"] == ids[2:]
     forgotten = json.loads((tiny_run / "forgotten.json").read_text())
     assert forgotten["ids"] == ids and len(forgotten["requests"]) == 2
@@ -103,7 +107,7 @@ def test_forget_by_ids_and_ids_file(tiny_run: Path, tmp_path: Path, capsys) -> N
 ])
 def test_bad_forget_requests_change_nothing(tiny_run: Path, capsys, args: list[str], message: str) -> None:
     before = _bank_fingerprint(tiny_run)
-    code, out, err = run_cli(capsys, "forget", str(tiny_run), *args)
+    code, out, err = run_cli(capsys, "forget", str(tiny_run), *OP, *args)
     assert code == 2 and message in err and "Traceback" not in err and out == ""
     assert _bank_fingerprint(tiny_run) == before
     assert not (tiny_run / "forgotten.json").exists()
@@ -111,7 +115,7 @@ def test_bad_forget_requests_change_nothing(tiny_run: Path, capsys, args: list[s
 
 def test_unknown_id_among_good_ones_refuses_the_whole_request(tiny_run: Path, capsys) -> None:
     good = int(MemoryBank.load(tiny_run / "bank.npz").ids[0])
-    code, _, err = run_cli(capsys, "forget", str(tiny_run), "--ids", f"{good},424242")
+    code, _, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", f"{good},424242")
     assert code == 2 and "424242" in err
     assert good in MemoryBank.load(tiny_run / "bank.npz")
 
@@ -119,8 +123,16 @@ def test_unknown_id_among_good_ones_refuses_the_whole_request(tiny_run: Path, ca
 def test_binary_ids_file_is_refused(tiny_run: Path, tmp_path: Path, capsys) -> None:
     f = tmp_path / "ids.bin"
     f.write_bytes(bytes(range(256)))
-    code, _, err = run_cli(capsys, "forget", str(tiny_run), "--ids-file", str(f))
+    code, _, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids-file", str(f))
     assert code == 2 and "not a text file" in err
+
+
+def test_forget_requires_a_named_operator(tiny_run: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["forget", str(tiny_run), "--ids", "1"])
+    assert exc.value.code == 2 and "--operator" in capsys.readouterr().err
+    code, _, err = run_cli(capsys, "forget", str(tiny_run), "--operator", "  ", "--ids", "1")
+    assert code == 2 and "Name the operator" in err
 
 
 def test_errors_for_missing_run_bad_image_and_damaged_bank(tiny_run: Path, tmp_path: Path, digit_png: Path,

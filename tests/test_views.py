@@ -102,14 +102,14 @@ def test_delete_and_measure_deletes_and_reports(tiny_run: Path) -> None:
     n0 = len(run.bank)
     ids = [int(i) for i in run.bank.ids[5:12]]
     with pytest.raises(MunkeyError, match="not training samples"):
-        views.delete_and_measure(run, [*ids, 10**9])
+        views.delete_and_measure(run, [*ids, 10**9], operator="dpo")
     assert len(run.bank) == n0 and not run.forgotten_ids
     stages = []
     summary = views.delete_and_measure(run, ids, operator="dpo", max_samples=200,
                                        progress=lambda s, f: stages.append(f))
     assert summary["deleted"] == ids and summary["bank_size_after"] == n0 - len(ids)
     assert stages == sorted(stages) and stages[-1] == 1.0
-    assert summary["operator"] == "dpo" and "not a tamper-evident receipt" in summary["kind"]
+    assert summary["operator"] == "dpo" and Path(summary["receipt_json"]).is_file()
     before, after = summary["metrics_before"], summary["metrics_after"]
     assert before["MIA"] is None and before["FA"] is not None and before["TA"] is not None
     assert after["FA"] is not None and after["MIA"] is not None and after["deleted"] == len(ids)
@@ -121,7 +121,7 @@ def test_delete_and_measure_deletes_and_reports(tiny_run: Path) -> None:
     assert [r["metric"] for r in rows] == ["TA", "RA", "FA", "MIA", "Ps"]
     assert rows[3]["change"] is None
     # a second request reuses the current metrics entry as its "before"
-    again = views.delete_and_measure(run, [ids[0], int(run.bank.ids[0])], max_samples=200)
+    again = views.delete_and_measure(run, [ids[0], int(run.bank.ids[0])], operator="dpo", max_samples=200)
     assert again["already_deleted"] == [ids[0]] and again["before_source"].startswith("metrics.json")
     reqs = views.deletion_requests(run)
     assert [r["n_ids"] for r in reqs] == [len(ids), 1] and reqs[0]["ids"] == ids

@@ -1,0 +1,417 @@
+"""The audit log: append-only, hash-chained, one entry per deletion request (refused ones too).
+
+Entry n stores `prev_hash` = entry n-1's hash (64 zeros for the first) and its own
+`entry_hash = sha256(JCS({"format", "run_id", "seq", "prev_hash", "body"}))`, JCS being the
+canonical JSON of canonical.py (RFC 8785). Editing, removing, inserting or reordering an entry
+breaks a hash or a link; `verify` walks the chain and names the first entry that was touched,
+and says how. A chain alone cannot show that its *last* entries were cut off or rewritten, so
+the run keeps an anchor: `audit_head.json` = the (seq, hash) of the newest entry, rewritten after
+each append (with `audit_pending.json` naming an append in flight, so a crash between the
+database commit and the anchor write is recognised, not mistaken for tampering). Receipts carry
+the head too, so a rewrite of the whole log is caught by any receipt issued before it.
+
+The run is bound to its log in `audit.json` (run id, backend, where; never a password): SQLite
+`<run>/audit.sqlite` by default, PostgreSQL when a URL is given (`--audit-url` or
+$MUNKEY_AUDIT_URL) at the first request. Storage is in auditstore.py.
+Threat model: an unkeyed chain shows tampering by anyone who cannot also rewrite every later
+entry, the anchor and every receipt handed out; it is evidence, not a signature.
+Tests: tests/test_audit.py, tests/test_postgres.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from munkey_core.auditstore import SQLITE_NAME, PostgresStore, Row, SqliteStore, Store, describe_postgres
+from munkey_core.canonical import canonical_bytes, canonical_json, sha256_hex
+from munkey_core.errors import MunkeyError
+from munkey_core.runlock import crash_point
+from munkey_core.storage import atomic_write_json, fsync_dir, read_json
+
+LOG_FORMAT = "munkey-audit/1"
+GENESIS = "0" * 64
+BINDING_NAME = "audit.json"
+HEAD_NAME = "audit_head.json"
+PENDING_NAME = "audit_pending.json"
+URL_ENV = "MUNKEY_AUDIT_URL"
+
+
+def now_utc() -> str:
+    """Current UTC time, ISO 8601 with milliseconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def entry_hash(run_id: str, seq: int, prev_hash: str, body: dict) -> str:
+    """The hash an entry must carry (see the module docstring)."""
+    return sha256_hex(canonical_bytes({"format": LOG_FORMAT, "run_id": run_id, "seq": seq,
+                                       "prev_hash": prev_hash, "body": body}))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A parsed log entry."""
+
+    seq: int
+    prev_hash: str
+    entry_hash: str
+    body: dict
+
+    @property
+    def request_id(self) -> str:
+        return str(self.body.get("request_id"))
+
+    @property
+    def kind(self) -> str:
+        return str(self.body.get("kind"))
+
+
+@dataclass
+class Verification:
+    """Outcome of re-computing the chain: `ok`, else the first bad entry and what happened to it."""
+
+    ok: bool
+    location: str
+    entries: int = 0
+    head_seq: int | None = None
+    head_hash: str | None = None
+    first_bad_seq: int | None = None
+    problem: str | None = None  # edited | removed | inserted | reordered | truncated | unanchored | inconsistent
+    message: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "log": self.location, "entries": self.entries, "head_seq": self.head_seq,
+                "head_hash": self.head_hash, "first_bad_seq": self.first_bad_seq, "problem": self.problem,
+                "message": self.message, "notes": list(self.notes)}
+
+
+def _parse(row: Row) -> dict | None:
+    try:
+        body = json.loads(row.body)
+    except (ValueError, TypeError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _content_ok(row: Row, run_id: str, seq: int | None = None) -> bool:
+    body = _parse(row)
+    if body is None or canonical_json(body) != row.body:
+        return False
+    if body.get("kind") != row.kind or body.get("request_id") != row.request_id or body.get("run_id") != run_id:
+        return False
+    return entry_hash(run_id, row.seq if seq is None else seq, row.prev_hash, body) == row.entry_hash
+
+
+def _plural(n: int) -> str:
+    return "entry" if n == 1 else "entries"
+
+
+def check_chain(rows: list[Row], run_id: str) -> tuple[int, str, str] | None:
+    """(seq, problem, message) of the first entry that breaks the chain, or None when intact."""
+    by_hash = {r.entry_hash: i for i, r in enumerate(rows)}
+    referenced = {r.prev_hash for r in rows}
+    for p, r in enumerate(rows):
+        prev = rows[p - 1] if p else None
+        expected = prev.entry_hash if prev else GENESIS
+        expected_seq = prev.seq + 1 if prev else 1
+        if r.prev_hash != expected:
+            nxt = rows[p + 1] if p + 1 < len(rows) else None
+            q = by_hash.get(r.prev_hash)
+            if q is not None and q > p:
+                return r.seq, "reordered", (f"entry #{r.seq} is out of order: it was written after entry "
+                                            f"#{rows[q].seq}, which now comes later in the log")
+            if nxt is not None and nxt.prev_hash == expected and r.entry_hash not in referenced:
+                return r.seq, "inserted", (f"entry #{r.seq} was inserted: the entry after it links to the entry "
+                                           "before it")
+            if q is None:
+                if r.prev_hash == GENESIS:
+                    return rows[0].seq, "inserted", (f"entry #{rows[0].seq} was inserted before the first entry "
+                                                     "of the log")
+                content = _content_ok(r, run_id)
+                if content and prev is not None and r.seq == expected_seq:
+                    return prev.seq, "edited", (f"entry #{prev.seq} was edited and its hash re-computed: entry "
+                                                f"#{r.seq} still links to its original hash")
+                if content and r.seq > expected_seq:
+                    gone = r.seq - expected_seq
+                    first = expected_seq
+                    return first, "removed", (f"{gone} {_plural(gone)} (#{first}"
+                                              + (f" to #{r.seq - 1}" if gone > 1 else "")
+                                              + f") removed before entry #{r.seq}")
+                for d in range(1, len(rows) + 2):  # renumbered after a removal?
+                    if _content_ok(r, run_id, seq=r.seq + d):
+                        return r.seq, "removed", (f"{d} {_plural(d)} removed before the entry now numbered "
+                                                  f"#{r.seq} (originally #{r.seq + d}; later entries renumbered)")
+                return r.seq, "edited", f"entry #{r.seq} was edited: it links to no entry of the log"
+            between = rows[q + 1:p]
+            if between and not any(b.entry_hash in referenced for b in between):
+                n = len(between)
+                return between[0].seq, "inserted", (f"{n} {_plural(n)} inserted: #{between[0].seq}"
+                                                    + (f" to #{between[-1].seq}" if n > 1 else "")
+                                                    + f" (entry #{r.seq} links to entry #{rows[q].seq})")
+            return (between[0].seq if between else r.seq), "reordered", (
+                f"entry #{r.seq} is out of order: it was written right after entry #{rows[q].seq}")
+        if not _content_ok(r, run_id):
+            return r.seq, "edited", f"entry #{r.seq} was edited: its content no longer matches its hash"
+        if r.seq != expected_seq:
+            return r.seq, "edited", f"entry #{r.seq} was renumbered (expected #{expected_seq})"
+    return None
+
+
+class AuditLog:
+    """One run's chain in a store, with the run directory's anchor files."""
+
+    def __init__(self, store: Store, binding: dict, root: Path) -> None:
+        self.store = store
+        self.binding = binding
+        self.root = Path(root)
+        self.run_id = str(binding["run_id"])
+
+    @property
+    def location(self) -> str:
+        return self.store.description
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> "AuditLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----- reading ----------------------------------------------------------------------
+    def rows(self) -> list[Row]:
+        return self.store.rows(self.run_id)
+
+    def entries(self) -> list[Entry]:
+        """Every entry, oldest first (bodies that do not parse come back empty; verify flags them)."""
+        return [Entry(r.seq, r.prev_hash, r.entry_hash, _parse(r) or {}) for r in self.rows()]
+
+    def head(self) -> Entry | None:
+        entries = self.entries()
+        return entries[-1] if entries else None
+
+    def find(self, request_id: str) -> Entry | None:
+        return next((e for e in self.entries() if e.request_id == request_id), None)
+
+    def subject_ref(self, subject: str | None) -> str | None:
+        """A pseudonymous reference for a data subject: a keyed hash with this run's secret salt, so the
+        log never holds the name or case number itself, yet the same subject maps to the same ref."""
+        if subject is None or not str(subject).strip():
+            return None
+        salt = bytes.fromhex(self.binding["subject_salt"])
+        return "hmac-sha256:" + hmac.new(salt, str(subject).strip().encode("utf-8"), hashlib.sha256).hexdigest()[:32]
+
+    # ----- writing ----------------------------------------------------------------------
+    def append(self, body: dict) -> Entry:
+        """Append an entry (body must carry kind, request_id and run_id); returns it with its hash.
+        The caller holds the run lock."""
+        if body.get("run_id") != self.run_id:
+            raise ValueError("entry body must carry this log's run_id")
+        text = canonical_json(body)
+
+        def build(head: Row | None) -> Row:
+            seq = head.seq + 1 if head else 1
+            prev = head.entry_hash if head else GENESIS
+            return Row(seq, str(body["request_id"]), str(body["kind"]), prev,
+                       entry_hash(self.run_id, seq, prev, body), text)
+
+        def before_commit(row: Row) -> None:
+            atomic_write_json(self.root / PENDING_NAME, {"seq": row.seq, "hash": row.entry_hash})
+            crash_point("audit-pending")
+
+        row = self.store.append(self.run_id, build, before_commit)
+        crash_point("audit-committed")
+        self._anchor(row.seq, row.entry_hash)
+        crash_point("audit-head")
+        return Entry(row.seq, row.prev_hash, row.entry_hash, body)
+
+    def _anchor(self, seq: int, hash_: str) -> None:
+        atomic_write_json(self.root / HEAD_NAME, {"seq": seq, "hash": hash_})
+        pending = self.root / PENDING_NAME
+        if pending.exists():
+            pending.unlink()
+            fsync_dir(self.root)
+
+    def settle(self) -> None:
+        """Finish the anchor of an append interrupted after its commit (caller holds the run lock)."""
+        pending = _read_optional(self.root / PENDING_NAME)
+        if pending is None:
+            return
+        row = next((r for r in self.rows() if r.seq == pending.get("seq")), None)
+        if row is not None and row.entry_hash == pending.get("hash"):
+            self._anchor(row.seq, row.entry_hash)
+        else:  # the append never committed
+            (self.root / PENDING_NAME).unlink()
+            fsync_dir(self.root)
+
+    # ----- verification -----------------------------------------------------------------
+    def verify(self) -> Verification:
+        """Re-compute every hash and link, then compare the end of the chain with the run's anchor."""
+        rows = self.rows()
+        v = Verification(ok=True, location=self.location, entries=len(rows))
+        if rows:
+            v.head_seq, v.head_hash = rows[-1].seq, rows[-1].entry_hash
+        bad = check_chain(rows, self.run_id)
+        if bad is not None:
+            return _fail(v, *bad)
+        anchor = _read_optional(self.root / HEAD_NAME)
+        pending = _read_optional(self.root / PENDING_NAME)
+        anchored_seq = 0
+        if anchor is not None:
+            anchored_seq = int(anchor.get("seq", 0))
+            row = next((r for r in rows if r.seq == anchored_seq), None)
+            if row is None:
+                last = rows[-1].seq if rows else 0
+                gone = anchored_seq - last
+                return _fail(v, last + 1, "truncated", f"{gone} {_plural(gone)} (#{last + 1}"
+                             + (f" to #{anchored_seq}" if gone > 1 else "") + ") removed from the end of the log: "
+                             f"the run recorded entry #{anchored_seq} as its newest")
+            if row.entry_hash != anchor.get("hash"):
+                return _fail(v, row.seq, "edited", f"entry #{row.seq} was rewritten: its hash differs from the one "
+                             "the run recorded for it (audit_head.json)")
+        extra = [r for r in rows if r.seq > anchored_seq]
+        if extra:
+            in_flight = (len(extra) == 1 and pending is not None and pending.get("seq") == extra[0].seq
+                         and pending.get("hash") == extra[0].entry_hash)
+            if not in_flight:
+                what = "inserted after the newest entry the run recorded" if anchor is not None else \
+                    "not anchored: the run's record of its newest entry (audit_head.json) is missing"
+                return _fail(v, extra[0].seq, "inserted" if anchor is not None else "unanchored",
+                             f"entry #{extra[0].seq} was {what}")
+            v.notes.append(f"entry #{extra[0].seq} was committed just before an interruption; its anchor is "
+                           "written when the run is next opened")
+        v.message = (f"intact: {len(rows)} {_plural(len(rows))}, head #{v.head_seq} {v.head_hash}" if rows
+                     else "intact: the log is empty")
+        return v
+
+
+def _fail(v: Verification, seq: int, problem: str, message: str) -> Verification:
+    v.ok, v.first_bad_seq, v.problem, v.message = False, seq, problem, message
+    return v
+
+
+def _read_optional(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise MunkeyError(f"{path} is damaged; restore the run directory from a backup.")
+    return data
+
+
+# --------------------------------------------------------------------------- opening a run's log
+
+
+def _is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://")) or "dbname=" in url or "host=" in url
+
+
+def open_log(root: str | Path, url: str | None = None, *, create: bool = False) -> AuditLog | None:
+    """The run's audit log; None when the run has none yet and `create` is False.
+
+    `url` (else $MUNKEY_AUDIT_URL) selects PostgreSQL for a run that has no log yet, and supplies
+    the credentials for a run bound to PostgreSQL. A run's log never changes backend.
+    """
+    root = Path(root)
+    explicit = url
+    url = url or os.environ.get(URL_ENV) or None
+    binding_path, sqlite_path = root / BINDING_NAME, root / SQLITE_NAME
+    new = not binding_path.exists()
+    if not new:
+        binding = read_json(binding_path)
+        if not isinstance(binding, dict) or not {"run_id", "backend", "location", "subject_salt"} <= set(binding):
+            raise MunkeyError(f"{binding_path} is damaged; restore the run directory from a backup.")
+    else:
+        if sqlite_path.exists() or (root / HEAD_NAME).exists():
+            raise MunkeyError(f"{binding_path} is missing, but this run has an audit log; restore the run "
+                              "directory from a backup. Nothing was changed.")
+        if not create:
+            return None
+        binding = {"format": 1, "run_id": str(uuid.uuid4()), "created": now_utc(),
+                   "subject_salt": secrets.token_hex(16),
+                   "backend": "postgresql" if url and _is_postgres(url) else "sqlite",
+                   "location": describe_postgres(url) if url and _is_postgres(url) else SQLITE_NAME}
+        if url and not _is_postgres(url):
+            raise MunkeyError(f"Unsupported audit log URL {url!r}: give a postgresql://user:password@host:port/db "
+                              "URL, or none for the run's own SQLite log.")
+    if binding["backend"] == "sqlite":
+        if explicit and _is_postgres(explicit):
+            raise MunkeyError(f"This run's audit log is its SQLite file {sqlite_path}; a run's log cannot move to "
+                              "PostgreSQL. Leave out --audit-url.")
+        store: Store = SqliteStore(sqlite_path, create=new)
+    elif binding["backend"] == "postgresql":
+        if not url:
+            raise MunkeyError(f"This run's audit log is in PostgreSQL ({binding['location']}); give its URL with "
+                              f"--audit-url or ${URL_ENV}.")
+        if describe_postgres(url).split("@")[-1] != str(binding["location"]).split("@")[-1]:
+            raise MunkeyError(f"The audit log URL points to {describe_postgres(url)}, but this run's log is at "
+                              f"{binding['location']}. Give that database's URL.")
+        store = PostgresStore(url, create=new)
+    else:
+        raise MunkeyError(f"{binding_path} names an unknown backend {binding['backend']!r}; restore it from a backup.")
+    if new:
+        atomic_write_json(binding_path, binding)
+    return AuditLog(store, binding, root)
+
+
+def verify_run(root: str | Path, url: str | None = None) -> Verification:
+    """Verify the run's chain and anchor, then that the run agrees with it: every id the log says was
+    deleted is gone from the bank and listed in forgotten.json, and every id in forgotten.json has
+    its log entry (ids of a deletion still in progress excepted)."""
+    from munkey_core.rundir import read_forgotten, RunPaths
+
+    root = Path(root)
+    if not root.is_dir():
+        raise MunkeyError(f"Run directory {root} does not exist.")
+    paths = RunPaths(root)
+    log = open_log(root, url)
+    forgotten = set(int(i) for i in read_forgotten(paths)["ids"])
+    if log is None:
+        v = Verification(ok=True, location="none", message="no audit log yet: no request has been filed")
+        if forgotten:
+            return _fail(v, 0, "inconsistent", f"{len(forgotten)} sample(s) are deleted (forgotten.json) but the run "
+                         "has no audit log recording them")
+        return v
+    with log:
+        v = log.verify()
+        if not v.ok:
+            return v
+        deleted = set()
+        for e in log.entries():
+            if e.kind == "deletion":
+                deleted.update(int(s["id"]) for s in e.body.get("samples", []))
+    journal = root / "journal.json"
+    pending = set(int(i) for i in read_json(journal).get("ids", [])) if journal.exists() else set()
+    if pending:
+        v.notes.append(f"a deletion of {len(pending)} sample(s) is in progress or was interrupted; it is finished "
+                       "when the run is next opened")
+    unlogged = sorted(forgotten - deleted - pending)
+    if unlogged:
+        return _fail(v, 0, "inconsistent", f"{len(unlogged)} deleted sample(s) have no log entry: "
+                     + ", ".join(map(str, unlogged[:10])))
+    unlisted = sorted(deleted - forgotten)
+    if unlisted:
+        return _fail(v, 0, "inconsistent", f"the log records {len(unlisted)} deletion(s) that forgotten.json lacks: "
+                     + ", ".join(map(str, unlisted[:10])))
+    try:
+        with np.load(paths.bank) as data:
+            back = sorted(set(data["ids"].tolist()) & (deleted - pending))
+    except Exception as exc:
+        raise MunkeyError(f"The memory bank {paths.bank} is damaged ({type(exc).__name__}); restore the run from a "
+                          "backup.") from None
+    if back:
+        return _fail(v, 0, "inconsistent", f"{len(back)} sample(s) the log records as deleted are in the memory bank "
+                     "again: " + ", ".join(map(str, back[:10])))
+    v.message += f"; the run agrees with it ({len(deleted)} deleted sample(s), none in the bank)"
+    return v

@@ -1,0 +1,111 @@
+"""Canonical JSON (RFC 8785, "JCS", for the types we store) and the hashes built on it.
+
+The audit log hashes entries over this encoding, so anyone can re-compute a hash with any JCS
+library: object keys sorted by UTF-16 code units, no insignificant whitespace, UTF-8, strings
+escaped as ECMAScript's JSON.stringify does, numbers in ECMAScript's shortest round-trip form
+(1.0 -> "1", 1e-7 -> "1e-7", 1e21 -> "1e+21"). Only dict, list, str, int (|x| <= 2**53), float
+(finite), bool and None are accepted; anything else is a bug and raises TypeError / ValueError.
+Tests: tests/test_audit.py (RFC 8785 number vectors, round trip).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+_MAX_SAFE_INT = 2 ** 53
+
+
+def _number(x: float) -> str:
+    """ECMAScript Number::toString for a finite double (what RFC 8785 prescribes)."""
+    if not math.isfinite(x):
+        raise ValueError(f"canonical JSON has no representation for {x!r}")
+    if x == 0:
+        return "0"
+    sign = "-" if x < 0 else ""
+    mant, _, exp = repr(abs(x)).partition("e")
+    whole, _, frac = mant.partition(".")
+    raw = whole + frac
+    lead = len(raw) - len(raw.lstrip("0"))
+    digits = raw.lstrip("0").rstrip("0") or "0"
+    n = len(whole) + int(exp or 0) - lead  # value = 0.digits x 10^n
+    k = len(digits)
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * (-n) + digits
+    e = n - 1
+    return sign + digits[0] + ("." + digits[1:] if k > 1 else "") + "e" + ("+" if e >= 0 else "-") + str(abs(e))
+
+
+def _encode(obj: Any, out: list[str]) -> None:
+    if obj is None:
+        out.append("null")
+    elif obj is True:
+        out.append("true")
+    elif obj is False:
+        out.append("false")
+    elif isinstance(obj, int):
+        if abs(obj) > _MAX_SAFE_INT:
+            raise ValueError(f"integer {obj} is too large for canonical JSON (limit 2**53)")
+        out.append(str(int(obj)))
+    elif isinstance(obj, float):
+        out.append(_number(obj))
+    elif isinstance(obj, str):
+        out.append(json.dumps(obj, ensure_ascii=False))  # escapes exactly ", \ and controls, as JSON.stringify
+    elif isinstance(obj, (list, tuple)):
+        out.append("[")
+        for i, item in enumerate(obj):
+            if i:
+                out.append(",")
+            _encode(item, out)
+        out.append("]")
+    elif isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):
+            raise TypeError("canonical JSON object keys must be strings")
+        out.append("{")
+        for i, key in enumerate(sorted(obj, key=lambda s: s.encode("utf-16-be"))):
+            if i:
+                out.append(",")
+            out.append(json.dumps(key, ensure_ascii=False))
+            out.append(":")
+            _encode(obj[key], out)
+        out.append("}")
+    else:
+        raise TypeError(f"canonical JSON cannot encode {type(obj).__name__}")
+
+
+def canonical_json(obj: Any) -> str:
+    """The RFC 8785 text of `obj`."""
+    out: list[str] = []
+    _encode(obj, out)
+    return "".join(out)
+
+
+def canonical_bytes(obj: Any) -> bytes:
+    return canonical_json(obj).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def plain(obj: Any) -> Any:
+    """`obj` with numpy scalars turned into Python numbers and NaN/inf into None (JSON-ready)."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if hasattr(obj, "item") and not isinstance(obj, (bytes, bytearray)):  # numpy / torch scalars
+        return plain(obj.item())
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    return obj

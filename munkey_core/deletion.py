@@ -1,0 +1,368 @@
+"""The deletion protocol: one request -> bank, checkpoints, forgotten.json, audit entry and receipt,
+all or nothing, one process at a time.
+
+Under the run's exclusive lock (runlock.py), a request is validated against the bank and the
+audit log (a tampered log refuses it; an unknown or missing id refuses it and the refusal is
+logged). Everything the log entry needs from *before* the change (per-sample fingerprints, model
+and bank fingerprints, metrics) is gathered, then `journal.json` is written atomically: that
+write is the commit point, and the journal is the pending audit entry. Then, in order and each
+step idempotent: forgotten.json, every checkpoint, bank.npz, the post-deletion evidence (and
+evaluation), the audit entry (skipped if the log already holds this request id), the receipt;
+the journal is removed last. A crash before the commit point leaves the run as it was; after it,
+the next open of the run (or the next request) finishes the journal ("roll forward"), so the run
+is always wholly before or wholly after a request. The crash points named in CRASH_STEPS let
+tests/test_atomicity.py SIGKILL a deletion at each step.
+Nothing in the journal, the log or a receipt is a vector: only ids, hashes and metrics.
+"""
+
+from __future__ import annotations
+
+import getpass
+import secrets
+import warnings
+import time
+import unicodedata
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from munkey_core import __version__
+from munkey_core import receipts
+from munkey_core.audit import BINDING_NAME, PENDING_NAME, AuditLog, now_utc, open_log
+from munkey_core.canonical import plain
+from munkey_core.errors import MunkeyError
+from munkey_core.evidence import (ORACLE_NOTE, own_keys, request_accuracy_and_mia,
+                                  retrieval_evidence, sample_fingerprints)
+from munkey_core.metrics import MIA_CHEAP
+from munkey_core.rundir import read_forgotten
+from munkey_core.runlock import RunLock, crash_point
+from munkey_core.storage import atomic_write_json, fsync_dir, read_json
+from munkey_core.unlearn.keydelete import purge_checkpoints
+
+if TYPE_CHECKING:
+    from munkey_core.service import MunkeyRun
+
+Progress = Callable[[str, float], None]
+JOURNAL_NAME = "journal.json"
+METHOD = "key_deletion"  # the log's method field also admits "unact" and "retrain" (not implemented yet)
+CRASH_STEPS = ("validated", "journal", "forgotten", "checkpoint", "checkpoints", "bank", "evaluated",
+               "audit-pending", "audit-committed", "audit-head", "receipt")
+_METRIC_KEYS = ("TA", "RA", "FA", "MIA", "Ps", "A_img", "A_tok", "n_test", "n_retain", "n_forget", "bank_size",
+                "deleted", "time", "MIA_attack", "bank_fingerprint")
+
+
+@dataclass(frozen=True)
+class ForgetResult:
+    """Outcome of a deletion request."""
+
+    deleted: list[int]
+    already_deleted: list[int]
+    bank_size: int
+    seconds: float
+    request_id: str | None = None
+    receipt: str | None = None
+    receipt_html: str | None = None
+    entry_seq: int | None = None
+    entry_hash: str | None = None
+    entry: dict = field(default_factory=dict)
+
+    @property
+    def evidence_passed(self) -> bool | None:
+        return (self.entry.get("evidence") or {}).get("passed")
+
+
+class RefusedRequest(MunkeyError):
+    """A request refused and recorded in the audit log (`request_id` names its entry)."""
+
+    def __init__(self, message: str, request_id: str | None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+def new_request_id() -> str:
+    return "req-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(4)
+
+
+def check_operator(operator: str | None) -> str:
+    """The operator's name, checked; a library call without one is recorded as its OS user."""
+    if operator is None:
+        try:
+            user = getpass.getuser()
+        except Exception:
+            user = "unknown"
+        return f"unnamed library caller (OS user {user})"
+    op = str(operator).strip()
+    if not op:
+        raise MunkeyError("Name the operator who files this deletion (--operator NAME). Nothing was deleted.")
+    if len(op) > 200 or any(unicodedata.category(c).startswith("C") for c in op):
+        raise MunkeyError("The operator name must be at most 200 printable characters. Nothing was deleted.")
+    return op
+
+
+def _noop(stage: str, frac: float) -> None:
+    pass
+
+
+def _scaled(progress: Progress, lo: float, hi: float, prefix: str) -> Progress:
+    return lambda stage, frac: progress(f"{prefix}: {stage}", lo + (hi - lo) * float(frac))
+
+
+def _metrics(m: dict | None) -> dict | None:
+    return None if m is None else plain({k: m.get(k) for k in _METRIC_KEYS if k in m})
+
+
+def _matching_metrics(run: "MunkeyRun", bank_fp: str) -> dict | None:
+    hist = run.metrics_history
+    return hist[-1] if hist and hist[-1].get("bank_fingerprint") == bank_fp else None
+
+
+def _dataset_name(root: Path) -> str | None:
+    try:
+        return read_json(root / "config.json").get("dataset")
+    except Exception:
+        return None
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def _refused_body(log: AuditLog, request_id: str, *, operator: str | None, subject: str | None, received: str,
+                  reason: str, requested_ids: Sequence[int] | None, source: str) -> dict:
+    return plain({
+        "kind": "refused", "request_id": request_id, "run_id": log.run_id, "dataset": _dataset_name(log.root),
+        "operator": operator, "subject_ref": log.subject_ref(subject), "received": received, "executed": None,
+        "method": METHOD, "source": source, "reason": reason,
+        "requested_ids": None if requested_ids is None else [int(i) for i in requested_ids],
+        "software": f"munkey-core {__version__}",
+    })
+
+
+def record_refusal(root: str | Path, *, reason: str, operator: str | None, subject: str | None = None,
+                   requested_ids: Sequence[int] | None = None, source: str = "ids", url: str | None = None,
+                   lock: RunLock | None = None) -> str | None:
+    """Log a request refused before it reached `forget` (malformed ids, damaged run...). Only when the
+    directory is a run and its log is intact; returns the request id, or None when not recorded."""
+    root = Path(root)
+    if not root.is_dir() or not ((root / "config.json").exists() or (root / BINDING_NAME).exists()):
+        return None
+    op = None if operator is None else "".join(c for c in str(operator) if c.isprintable())[:200] or None
+    try:
+        with (lock or RunLock(root)).hold(exclusive=True):
+            log = open_log(root, url, create=True)
+            with log:
+                log.settle()
+                if not log.verify().ok:
+                    return None
+                body = _refused_body(log, new_request_id(), operator=op, subject=subject, received=now_utc(),
+                                     reason=reason, requested_ids=requested_ids, source=source)
+                return log.append(body).request_id
+    except MunkeyError:
+        return None
+
+
+# --------------------------------------------------------------------------- the request
+
+
+def forget(run: "MunkeyRun", ids: Sequence[int], *, operator: str | None = None, subject: str | None = None,
+           evaluate: bool = False, max_samples: int = 2000, source: str = "ids",
+           progress: Progress | None = None) -> ForgetResult:
+    """File and execute one deletion request (see the module docstring)."""
+    report = progress or _noop
+    received, request_id = now_utc(), new_request_id()
+    operator = check_operator(operator)
+    with run.lock, run.runlock.hold(exclusive=True):
+        log = open_log(run.paths.root, run.audit_url, create=True)
+        with log:
+            log.settle()
+            run._reload_if_changed()
+            if (run.paths.root / JOURNAL_NAME).exists():  # another process's interrupted deletion
+                finish(run, log, read_json(run.paths.root / JOURNAL_NAME), recovered=True)
+            check = log.verify()
+            if not check.ok:
+                raise MunkeyError(f"The audit log is not intact ({check.message}). Nothing was deleted and the request "
+                                  f"was not recorded. Run 'munkey audit verify {run.paths.root}' and restore the log "
+                                  "from a backup.")
+
+            def refuse(reason: str, requested: Sequence[int] | None) -> None:
+                log.append(_refused_body(log, request_id, operator=operator, subject=subject, received=received,
+                                         reason=reason, requested_ids=requested, source=source))
+                raise RefusedRequest(f"{reason} Nothing was deleted; the refused request {request_id} is recorded "
+                                     "in the audit log.", request_id)
+
+            try:
+                ids = [int(i) for i in dict.fromkeys(int(i) for i in ids)]
+            except (TypeError, ValueError):
+                refuse("The request holds malformed ids; ids are non-negative integers.", None)
+            if not ids:
+                refuse("The deletion request names no sample id.", [])
+            done = set(run.forgotten_ids)
+            unknown = [i for i in ids if i not in done and i not in run.bank]
+            if unknown:
+                shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
+                refuse(f"{len(unknown)} id(s) are not training samples of this run: {shown}.", ids)
+            todo = [i for i in ids if i not in done]
+            already = [i for i in ids if i in done]
+            journal = _prepare(run, log, request_id, ids, todo, already, operator=operator, subject=subject,
+                               received=received, source=source, evaluate=evaluate, max_samples=max_samples,
+                               progress=report)
+            keys = own_keys(run, ids)  # in memory only: the deleted keys are never written anywhere
+            crash_point("validated")
+            t0 = time.perf_counter()  # the deletion proper: from the commit point to the bank saved
+            atomic_write_json(run.paths.root / JOURNAL_NAME, journal)  # the commit point
+            crash_point("journal")
+            report("deleting", 0.45)
+            return finish(run, log, journal, keys=keys, t0=t0, progress=report)
+
+
+def _prepare(run: "MunkeyRun", log: AuditLog, request_id: str, ids: list[int], todo: list[int],
+             already: list[int], *, operator: str, subject: str | None, received: str, source: str,
+             evaluate: bool, max_samples: int, progress: Progress) -> dict:
+    """The journal: the pending audit entry, with everything known before the change."""
+    bank_fp = run.bank.fingerprint()
+    samples, note = sample_fingerprints(run, todo)
+    before, source_b, fa_before = None, "not evaluated (--no-evaluate)", None
+    if evaluate and todo:
+        before = _matching_metrics(run, bank_fp)
+        if before is not None:
+            source_b = f"metrics.json entry of {before.get('time')}"
+        else:
+            before = run.evaluate(max_samples=max_samples, progress=_scaled(progress, 0.0, 0.4, "before"))
+            source_b = "evaluated before the deletion"
+        fa_before = run.accuracy_on_ids(todo)
+    elif not todo:
+        source_b = "not evaluated: this request deletes nothing new"
+    return plain({
+        "format": 1, "request_id": request_id, "ids": todo, "requested": ids, "already_deleted": already,
+        "operator": operator, "subject_ref": log.subject_ref(subject), "received": received, "source": source,
+        "evaluate": bool(evaluate), "max_samples": int(max_samples), "samples": samples, "samples_note": note,
+        "model_before": run.model_fingerprint, "bank_before": {"fingerprint": bank_fp, "size": len(run.bank)},
+        "metrics_before": _metrics(before), "metrics_before_source": source_b, "request_FA_before": fa_before,
+    })
+
+
+def apply_journal(run: "MunkeyRun", journal: dict) -> None:
+    """Make the run's files say what the journal says (each step idempotent)."""
+    todo = [int(i) for i in journal["ids"]]
+    fg = read_forgotten(run.paths)
+    have = set(int(i) for i in fg["ids"])
+    new = [i for i in todo if i not in have]
+    if new:
+        fg = {"ids": [int(i) for i in fg["ids"]] + new,
+              "requests": fg.get("requests", []) + [{"time": journal["received"], "ids": todo,
+                                                     "request_id": journal["request_id"]}]}
+        atomic_write_json(run.paths.forgotten, fg)
+    run.forgotten = fg
+    crash_point("forgotten")
+    purge_checkpoints(run.paths.checkpoints, todo, on_file=lambda _: crash_point("checkpoint"))
+    crash_point("checkpoints")
+    present = [i for i in todo if i in run.bank]
+    if present:
+        run._apply_deletion(present)
+    crash_point("bank")
+
+
+def finish(run: "MunkeyRun", log: AuditLog, journal: dict, *, keys=None, recovered: bool = False,
+           t0: float | None = None, progress: Progress | None = None) -> ForgetResult:
+    """Roll a committed journal forward: files, evidence, audit entry, receipt; then drop the journal."""
+    report = progress or _noop
+    rid = journal["request_id"]
+    todo, requested = [int(i) for i in journal["ids"]], [int(i) for i in journal["requested"]]
+    apply_journal(run, journal)
+    executed = now_utc()
+    seconds = time.perf_counter() - t0 if t0 is not None else 0.0
+    report("checking", 0.5)
+    if keys is None:
+        keys = own_keys(run, requested)
+    ev = retrieval_evidence(run, requested, keys)
+    bank_fp = run.bank.fingerprint()
+    after, req = None, {}
+    if not todo:
+        after, source_a = journal["metrics_before"], "unchanged: this request deleted nothing new"
+    elif journal["evaluate"]:
+        after = _matching_metrics(run, bank_fp)
+        source_a = f"metrics.json entry of {after.get('time')}" if after else "evaluated after the deletion"
+        if after is None:
+            after = run.evaluate(max_samples=journal["max_samples"], progress=_scaled(report, 0.55, 0.9, "after"))
+        req = request_accuracy_and_mia(run, todo, journal["max_samples"])
+    else:
+        source_a = "not evaluated (--no-evaluate)"
+    crash_point("evaluated")
+    ev.update({"request_FA_before": journal["request_FA_before"], "request_FA_after": req.get("FA"),
+               "request_MIA": req.get("MIA"), "MIA_attack": MIA_CHEAP, "oracle": None, "oracle_gaps": None,
+               "oracle_note": ORACLE_NOTE})
+    notes = [n for n in [journal.get("samples_note")] if n]
+    if recovered:
+        notes.append("finished when the run was next opened, after the process filing it was interrupted")
+    body = plain({
+        "kind": "deletion", "request_id": rid, "run_id": log.run_id, "dataset": run.config.get("dataset"),
+        "operator": journal["operator"], "subject_ref": journal["subject_ref"], "received": journal["received"],
+        "executed": executed, "method": METHOD, "source": journal["source"], "requested_ids": requested,
+        "samples": journal["samples"], "already_deleted": journal["already_deleted"],
+        "model": {"before": journal["model_before"], "after": run.model_fingerprint},
+        "bank": {"before": journal["bank_before"], "after": {"fingerprint": bank_fp, "size": len(run.bank)}},
+        "metrics": {"before": journal["metrics_before"], "before_source": journal["metrics_before_source"],
+                    "after": _metrics(after), "after_source": source_a},
+        "evidence": ev, "recovered": recovered, "notes": notes, "software": f"munkey-core {__version__}",
+    })
+    entry = log.find(rid) or log.append(body)
+    js, page = receipts.issue(run.paths.root, log, entry)
+    crash_point("receipt")
+    (run.paths.root / JOURNAL_NAME).unlink(missing_ok=True)
+    fsync_dir(run.paths.root)
+    report("done", 1.0)
+    return ForgetResult(todo, [int(i) for i in journal["already_deleted"]], len(run.bank), seconds, rid, str(js),
+                        str(page), entry.seq, entry.entry_hash, entry.body)
+
+
+# --------------------------------------------------------------------------- recovery
+
+
+def _legacy_journal(run: "MunkeyRun", ids: list[int]) -> dict:
+    """A journal for ids that forgotten.json lists but the bank still holds (a deletion interrupted
+    by a version without journals)."""
+    return plain({
+        "format": 1, "request_id": new_request_id(), "ids": ids, "requested": ids, "already_deleted": [],
+        "operator": "unknown (deletion interrupted before this version; finished by recovery)",
+        "subject_ref": None, "received": now_utc(), "source": "forgotten.json", "evaluate": False, "max_samples": 0,
+        "samples": sample_fingerprints(run, ids)[0], "samples_note": None, "model_before": run.model_fingerprint,
+        "bank_before": {"fingerprint": run.bank.fingerprint(), "size": len(run.bank)}, "metrics_before": None,
+        "metrics_before_source": "not evaluated (recovery)", "request_FA_before": None,
+    })
+
+
+def needs_recovery(run: "MunkeyRun") -> bool:
+    root = run.paths.root
+    return ((root / JOURNAL_NAME).exists() or (root / PENDING_NAME).exists()
+            or any(i in run.bank for i in run.forgotten_ids) or bool(_stray_temp_files(root)))
+
+
+def recover(run: "MunkeyRun") -> None:
+    """Finish an interrupted deletion and its audit entry (caller holds the exclusive run lock).
+    When the log cannot be reached, the files are still finished and the entry waits in the journal."""
+    root = run.paths.root
+    journal_path = root / JOURNAL_NAME
+    legacy = [i for i in run.forgotten_ids if i in run.bank]
+    if not journal_path.exists() and legacy:
+        atomic_write_json(journal_path, _legacy_journal(run, legacy))
+    try:
+        log = open_log(root, run.audit_url, create=journal_path.exists())
+    except MunkeyError as exc:
+        if journal_path.exists():
+            apply_journal(run, read_json(journal_path))
+            warnings.warn(f"An interrupted deletion was applied to the run, but its audit entry waits until the log "
+                          f"is reachable: {exc}", RuntimeWarning, stacklevel=2)
+        return
+    if log is not None:
+        with log:
+            log.settle()
+            if journal_path.exists():
+                finish(run, log, read_json(journal_path), recovered=True)
+    for tmp in _stray_temp_files(root):
+        tmp.unlink(missing_ok=True)
+
+
+def _stray_temp_files(root: Path) -> list[Path]:
+    """Temporary files left by an atomic write that was killed before its rename."""
+    return [p for d in (root, root / "checkpoints", root / receipts.RECEIPTS_DIR) if d.is_dir()
+            for p in d.glob(".*.tmp")]

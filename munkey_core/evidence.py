@@ -1,0 +1,157 @@
+"""What a deletion receipt proves, computed on the live run: fingerprints and post-deletion checks.
+
+- `model_fingerprint`: sha256 over the weights (names, dtypes, shapes, bytes; sorted by name).
+- `sample_fingerprints`: per deleted sample, sha256 of its memory-bank row (key + exemplar) and of
+  its image (as the dataset holds it). Only these hashes are recorded, never the vectors.
+- `retrieval_evidence`: the deleted ids cannot be retrieved any more: the bank is searched with
+  their own keys and with a probe set (the test split's keys, at most `PROBE_CAP`), top-k with k
+  well above the K used at inference; and none of them is in the bank in memory, in bank.npz or
+  in any checkpoint. Cost: two bank searches and reading the ids of each saved file.
+- `request_accuracy_and_mia`: FA on this request's samples and the cheap membership attack (forget
+  vs test, metrics.mia_auc). Cost: forwards over the request and over <= max_samples test images.
+Tests: tests/test_audit.py, tests/test_purge.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+
+from munkey_core.errors import MunkeyError
+from munkey_core.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc
+
+if TYPE_CHECKING:
+    from munkey_core.service import MunkeyRun
+
+PROBE_CAP = 2000
+ORACLE_NOTE = ("No retrained oracle (the same model trained without the deleted samples) exists for this run, so "
+               "the gaps to it cannot be computed; they are recorded as null.")
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 over the state dict: equal weights give equal fingerprints, whatever file holds them."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        arr = t.detach().cpu().contiguous().numpy()
+        h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def _row_hash(key: np.ndarray, value: np.ndarray) -> str:
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(key, dtype=np.float32).tobytes())
+    h.update(np.ascontiguousarray(value, dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
+def _image_hash(image: np.ndarray) -> str:
+    img = np.ascontiguousarray(image)
+    return hashlib.sha256(f"{img.dtype.str}|{img.shape}|".encode() + img.tobytes()).hexdigest()
+
+
+def sample_fingerprints(run: "MunkeyRun", ids: Sequence[int]) -> tuple[list[dict], str | None]:
+    """[{id, memory_sha256, image_sha256}] for ids still in the bank, plus a note when the dataset
+    (and so the image hashes) is unavailable."""
+    rows = run.bank.rows_of(ids)
+    keys = run.bank.keys[torch.as_tensor(rows)].cpu().numpy() if len(rows) else np.zeros((0, 1), np.float32)
+    values = run.bank.values[torch.as_tensor(rows)].cpu().numpy() if len(rows) else np.zeros((0, 1), np.float32)
+    note = None
+    try:
+        images = run.dataset.lookup([int(i) for i in ids]).images if len(ids) else None
+    except MunkeyError as exc:
+        images, note = None, f"image fingerprints unavailable: {exc}"
+    out = []
+    for j, i in enumerate(ids):
+        out.append({"id": int(i), "memory_sha256": _row_hash(keys[j], values[j]),
+                    "image_sha256": None if images is None else _image_hash(images[j])})
+    return out, note
+
+
+def own_keys(run: "MunkeyRun", ids: Sequence[int]) -> np.ndarray | None:
+    """The deleted samples' keys (N, Dk), from the bank while they are in it, else from the key cache;
+    None when neither has them (dataset unavailable)."""
+    ids = [int(i) for i in ids]
+    if all(i in run.bank for i in ids):
+        return run.bank.keys[torch.as_tensor(run.bank.rows_of(ids))].cpu().numpy().copy()
+    try:
+        train = run.dataset.train
+        keys = run.split_keys("train")
+    except MunkeyError:
+        return None
+    pos = {int(x): p for p, x in enumerate(train.ids)}
+    if not all(i in pos for i in ids):
+        return None
+    return keys[[pos[i] for i in ids]]
+
+
+def _search_hits(run: "MunkeyRun", queries: np.ndarray, ids: set[int], k: int) -> list[int]:
+    if len(run.bank) == 0 or len(queries) == 0:
+        return []
+    with run.lock:
+        _, rows = run.bank.search(queries, k)
+        found = set(int(x) for x in run.bank.ids[rows.cpu().numpy()].ravel())
+    return sorted(found & ids)
+
+
+def saved_ids(run: "MunkeyRun") -> tuple[set[int], dict[str, list[int]]]:
+    """Ids in bank.npz, and per checkpoint file the ids it holds exemplars for."""
+    with np.load(run.paths.bank) as data:
+        bank_ids = set(int(i) for i in data["ids"])
+    ckpts = {}
+    for path in sorted(run.paths.checkpoints.glob("epoch_*.pt")):
+        ckpts[path.name] = [int(i) for i in torch.load(path, map_location="cpu", weights_only=True)["ids"].tolist()]
+    return bank_ids, ckpts
+
+
+def retrieval_evidence(run: "MunkeyRun", ids: Sequence[int], keys: np.ndarray | None) -> dict:
+    """Checks that none of `ids` can be retrieved or is stored any more (see module docstring)."""
+    ids = [int(i) for i in dict.fromkeys(ids)]
+    wanted = set(ids)
+    k = max(1, min(len(run.bank), max(10, 4 * int(run.train_cfg.k))))
+    out: dict = {"ids_checked": len(ids), "k": k}
+    if keys is not None:
+        out["own_key_search"] = {"queries": int(len(keys)), "retrieved": _search_hits(run, keys, wanted, k)}
+    else:
+        out["own_key_search"] = {"queries": 0, "retrieved": [], "note": "the deleted samples' keys are unavailable "
+                                 "(dataset missing); only the stored-copies checks below apply"}
+    try:
+        probe = run.split_keys("test")
+        probe = probe[np.random.default_rng(0).permutation(len(probe))[:PROBE_CAP]]
+        out["probe_search"] = {"set": "test split", "queries": int(len(probe)),
+                               "retrieved": _search_hits(run, probe, wanted, k)}
+    except MunkeyError as exc:
+        out["probe_search"] = {"set": None, "queries": 0, "retrieved": [], "note": f"no probe set: {exc}"}
+    bank_ids, ckpts = saved_ids(run)
+    out["in_memory_bank"] = sorted(i for i in ids if i in run.bank)
+    out["in_bank_file"] = sorted(wanted & bank_ids)
+    out["in_checkpoints"] = {name: sorted(wanted & set(c)) for name, c in ckpts.items() if wanted & set(c)}
+    out["checkpoints_checked"] = len(ckpts)
+    out["passed"] = not (out["own_key_search"]["retrieved"] or out["probe_search"]["retrieved"]
+                         or out["in_memory_bank"] or out["in_bank_file"] or out["in_checkpoints"])
+    return out
+
+
+def request_accuracy_and_mia(run: "MunkeyRun", ids: Sequence[int], max_samples: int = 2000) -> dict:
+    """FA (percent) on `ids` with the current bank, and the cheap MIA AUC (percent) of those samples
+    against the test split (null when undefined)."""
+    ds = run.dataset
+    ids_arr = np.asarray([int(i) for i in ids], dtype=np.int64)
+    idx = np.flatnonzero(np.isin(ds.train.ids, ids_arr))
+    test_idx = np.arange(len(ds.test))
+    if max_samples and len(test_idx) > max_samples:
+        test_idx = np.sort(np.random.default_rng(0).choice(test_idx, size=max_samples, replace=False))
+    if len(idx) == 0:
+        return {"FA": None, "MIA": None, "MIA_attack": MIA_CHEAP, "n": 0, "n_test": int(len(test_idx))}
+    train_keys = run.split_keys("train")
+    fy = ds.train.labels[idx]
+    fgt = run.predict_prepared(ds.train.images[idx], train_keys[idx], neighbour_predictions=False)
+    test = run.predict_prepared(ds.test.images[test_idx], run.split_keys("test")[test_idx],
+                                neighbour_predictions=False)
+    ty = ds.test.labels[test_idx]
+    return {"FA": accuracy(fgt.labels, fy), "MIA": mia_auc(cross_entropy(fgt.probs, fy), fy,
+                                                          cross_entropy(test.probs, ty), ty),
+            "MIA_attack": MIA_CHEAP, "n": int(len(idx)), "n_test": int(len(test_idx))}

@@ -1,0 +1,171 @@
+"""Embeddings: UMAP maps of the model's [CLS] representations and of the bank's exemplar vectors.
+
+Select points with the lasso or box to see their images, export their ids as CSV, or send them to
+the Deletion page (ids in st.session_state["deletion_ids_prefill"]). The maps are computed off the
+script thread by munkey_core.embeddings.EmbeddingJob, one job per (run, bank file state, cap,
+seed), kept in st.cache_resource so later visits and other sessions reuse the result.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
+
+from munkey_core.embeddings import (MAX_POINTS, EmbeddingJob, EmbeddingMaps, MapParams, ids_csv, ids_from_points,
+                                    trace_groups)
+from munkey_core.views import display_image, training_images
+from pages._common import require_run, user_errors
+
+PREFILL_KEY = "deletion_ids_prefill"  # read by the Deletion requests page: list[int], ascending
+THUMBS_MAX = 48
+PER_ROW = 12
+MAP_KEYS = {"cls": "map_cls", "exemplar": "map_exemplar"}
+
+run = require_run()
+names = run.class_names
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _job(path: str, bank_stamp: tuple[int, int], max_points: int, seed: int, _run) -> EmbeddingJob:
+    # bank_stamp (mtime, size of bank.npz) is in the key: a deletion rewrites the bank -> new maps.
+    return EmbeddingJob(_run, MapParams(max_points=max_points, seed=seed))
+
+
+def _palette(n: int) -> list[str]:
+    if n <= 10:
+        return px.colors.qualitative.D3
+    if n <= 26:
+        return px.colors.qualitative.Alphabet
+    return px.colors.sample_colorscale("Turbo", [i / max(n - 1, 1) for i in range(n)])
+
+
+def _figure(maps: EmbeddingMaps, which: str, title: str) -> go.Figure:
+    """One map: a trace per class (circles), plus the deleted samples as crosses in their class colour."""
+    xy = maps.cls_xy if which == "cls" else maps.exemplar_xy
+    colors = _palette(len(names))
+    fig = go.Figure()
+    for g in trace_groups(maps, which, names):
+        ids = maps.ids[g.rows]
+        labels = maps.labels[g.rows]
+        marker = (dict(symbol="x-thin", size=7, opacity=0.85, line=dict(width=1.3, color="#222"))
+                  if g.deleted else dict(size=6, opacity=0.7, color=colors[int(labels[0]) % len(colors)]))
+        fig.add_trace(go.Scatter(
+            x=xy[g.rows, 0], y=xy[g.rows, 1], mode="markers", name=g.name, marker=marker,
+            customdata=np.stack([ids, labels], axis=1).tolist(),  # plain JSON: the browser returns it per point
+            hovertemplate="id %{customdata[0]} · label " + ("%{text}" if g.deleted else g.name)
+            + ("<br>deleted: exemplar gone" if g.deleted else "") + "<extra></extra>",
+            text=[names[c] for c in labels] if g.deleted else None))
+    if which == "exemplar" and maps.deleted.any():  # legend entry only: the deleted have no point here
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="deleted: none",
+                                 marker=dict(symbol="x-thin", size=7, line=dict(width=1.3, color="#bbb"))))
+    fig.update_layout(title=title, height=560, margin=dict(l=10, r=10, t=50, b=10), dragmode="lasso",
+                      legend=dict(orientation="h", yanchor="top", y=-0.02, x=0, itemsizing="constant", entrywidth=100),
+                      uirevision=which, plot_bgcolor="#fafafa")
+    fig.update_xaxes(showticklabels=False, title=None, zeroline=False, showgrid=False)
+    fig.update_yaxes(showticklabels=False, title=None, zeroline=False, showgrid=False)
+    return fig
+
+
+@st.fragment(run_every=1.0)
+def _progress(job: EmbeddingJob) -> None:
+    with st.status(f"Computing the maps: {job.stage}", state="running", expanded=True):
+        st.progress(min(1.0, job.fraction), text=f"{job.elapsed:.0f} s")
+        st.caption("This is the long part of the dashboard: K forwards per sample, then two UMAP fits. The first "
+                   "map since the server started also pays UMAP's one-time compilation (numba, 10-30 s). "
+                   "The result is kept: later visits open at once.")
+    if job.state != "running":
+        st.rerun(scope="app")
+
+
+def _selection(maps: EmbeddingMaps, events: dict) -> list[int]:
+    ids: set[int] = set()
+    for which, event in events.items():
+        points = (event or {}).get("selection", {}).get("points", [])
+        if points:
+            ids.update(ids_from_points(points, maps, trace_groups(maps, which, names)))
+    return sorted(ids)
+
+
+def _show_selection(maps: EmbeddingMaps, ids: list[int]) -> None:
+    """Thumbnails of the selected samples, their ids as CSV, and the hand-over to the Deletion page."""
+    deleted = set(maps.ids[maps.deleted].tolist())
+    in_bank = [i for i in ids if i not in deleted]
+    st.subheader(f"Selected: {len(ids)} sample(s)")
+    st.caption(f"{len(in_bank)} still in the memory bank, {len(ids) - len(in_bank)} deleted earlier."
+               + (f" Showing the first {THUMBS_MAX}." if len(ids) > THUMBS_MAX else ""))
+    shown = ids[:THUMBS_MAX]
+    with user_errors():
+        imgs = training_images(run, shown)
+        labels = run.dataset.lookup(shown).labels
+        for start in range(0, len(shown), PER_ROW):
+            cols = st.columns(PER_ROW)
+            for col, i, img, lab in zip(cols, shown[start:start + PER_ROW], imgs[start:start + PER_ROW],
+                                        labels[start:start + PER_ROW]):
+                col.image(display_image(img, 48), width=48)
+                col.caption(f"{'~~' if i in deleted else ''}id {i}{'~~' if i in deleted else ''} · {names[int(lab)]}")
+    row = st.container(horizontal=True)
+    row.download_button(f"Export {len(ids)} ids (CSV)", ids_csv(ids), file_name="selected_ids.csv",
+                        mime="text/csv", key="emb_download", icon=":material/download:")
+    if row.button(f"Request deletion of the {len(in_bank)} still in the bank", key="emb_to_deletions",
+                  disabled=not in_bank, icon=":material/delete:", help="Opens Deletion requests with these ids "
+                  "filled in; nothing is deleted until an operator confirms there."):
+        st.session_state[PREFILL_KEY] = in_bank
+        st.switch_page("pages/deletions.py")
+
+
+st.title("Embeddings")
+st.write("Where the model places each training sample, and what its memory holds. Left: the model's [CLS] "
+         "representation of every training image. Right: the exemplar vectors in the memory bank. Deleting a "
+         "sample removes its exemplar, so it disappears from the right map, while its image still has a "
+         "[CLS] point on the left (a cross).")
+
+with st.sidebar:
+    max_points = int(st.number_input("Points per map (seeded subsample)", 100, 20_000, MAX_POINTS, step=500,
+                                     key="emb_max_points"))
+    seed = int(st.number_input("UMAP seed", 0, 2**31 - 1, 0, key="emb_seed"))
+
+bank_file = Path(run.paths.bank)
+stamp = (bank_file.stat().st_mtime_ns, bank_file.stat().st_size)
+job = _job(str(Path(run.paths.root).resolve()), stamp, max_points, seed, run)
+if job.state == "idle":
+    job.start()
+if job.state == "running":
+    _progress(job)
+    st.stop()
+if job.state == "failed":
+    st.error(job.error or "Computing the maps failed.", icon=":material/error:")
+    if st.button("Try again", key="emb_retry"):
+        job.start()
+        st.rerun()
+    st.stop()
+
+maps = job.result
+assert maps is not None
+p = maps.params
+st.caption(
+    f"{len(maps.ids)} of {maps.n_train} training samples"
+    + (f" (a seeded subsample, at most {p.max_points} per map; all deleted ones kept first)" if maps.subsampled else "")
+    + f"; {int(maps.deleted.sum())} of them deleted. [CLS] vectors are computed as prediction does: each image with "
+    f"the exemplar tokens of its K={run.train_cfg.k} nearest entries in the current bank (a sample still in the bank "
+    f"retrieves its own), averaged with the ensemble weights. UMAP 2-D, seed {p.seed}, {p.n_neighbors} neighbours, "
+    f"min_dist {p.min_dist}; Euclidean for [CLS], cosine for exemplars. "
+    f"Computed in {sum(maps.seconds.values()):.0f} s.")
+left, right = st.columns(2)
+events = {}
+with left:
+    events["cls"] = st.plotly_chart(_figure(maps, "cls", "[CLS] representations (crosses: deleted)"),
+                                    key=MAP_KEYS["cls"], on_select="rerun", selection_mode=("lasso", "box"))
+with right:
+    events["exemplar"] = st.plotly_chart(
+        _figure(maps, "exemplar", f"Exemplar vectors in the bank ({int((~maps.deleted).sum())})"),
+        key=MAP_KEYS["exemplar"], on_select="rerun", selection_mode=("lasso", "box"))
+
+with user_errors():
+    selected = _selection(maps, events)
+    if selected:
+        _show_selection(maps, selected)
+    else:
+        st.info("Draw a lasso or a box on either map to select samples: see their images, export their ids, or "
+                "request their deletion.", icon=":material/gesture_select:")

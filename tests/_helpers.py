@@ -1,0 +1,100 @@
+"""Helpers shared by the audit, atomicity, purge and PostgreSQL tests (not a test module)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+def fork(fn: Callable[[], int], env: dict[str, str] | None = None) -> int:
+    """Start `fn` in a forked child process; returns its pid (reap it with `reap`).
+
+    A fork (not a fresh interpreter) keeps each crash test to a fraction of a second: torch is
+    already imported. The child uses one thread, as torch's own forked DataLoader workers do.
+    """
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            torch.set_num_threads(1)
+            os.environ.update(env or {})
+            code = int(fn() or 0)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def reap(pid: int) -> int:
+    """Wait for a child: its exit status, or -signal when it was killed."""
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def forked(fn: Callable[[], int], env: dict[str, str] | None = None) -> int:
+    """Run `fn` in a forked child and wait: its exit status, or -signal when it was killed."""
+    return reap(fork(fn, env))
+
+
+def cli(*argv: str) -> Callable[[], int]:
+    from munkey_core.cli import main
+
+    return lambda: main(list(argv))
+
+
+def deleted_byte_patterns(run: Path, ids: list[int]) -> dict[str, bytes]:
+    """Every stored copy of the given samples' vectors: bank key, exemplar and moment rows, and each
+    checkpoint's exemplar row. Keys shared with a retained sample (duplicate images) are left out."""
+    with np.load(run / "bank.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    row = {int(i): r for r, i in enumerate(arrays["ids"])}
+    keep = np.ones(len(arrays["ids"]), bool)
+    keep[[row[i] for i in ids]] = False
+    retained_keys = {arrays["keys"][r].tobytes() for r in np.flatnonzero(keep)}
+    patterns: dict[str, bytes] = {}
+    for i in ids:
+        r = row[i]
+        for field in [f for f in arrays if f not in ("ids", "labels")]:
+            b = np.ascontiguousarray(arrays[field][r]).tobytes()
+            if (field == "keys" and b in retained_keys) or not any(b):
+                continue
+            patterns[f"{field}[{i}]"] = b
+    for ck in sorted((run / "checkpoints").glob("*.pt")):
+        c = torch.load(ck, map_location="cpu", weights_only=True)
+        pos = {int(x): p for p, x in enumerate(c["ids"].tolist())}
+        for i in ids:
+            if i in pos:
+                patterns[f"{ck.name}:values[{i}]"] = c["values"][pos[i]].numpy().tobytes()
+    return patterns
+
+
+def files_holding(run: Path, patterns: dict[str, bytes]) -> dict[str, list[str]]:
+    """{pattern name: [files under run (any depth, hidden ones too) that contain it, whole or its
+    first 32 bytes]}; empty when no file holds any."""
+    found: dict[str, list[str]] = {}
+    files = [p for p in run.rglob("*") if p.is_file()]
+    blobs = {p: p.read_bytes() for p in files}
+    for name, pat in patterns.items():
+        prefix = pat[:32] if pat[:32].count(0) < 8 else pat  # a mostly-zero prefix would match anything
+        hits = [str(p.relative_to(run)) for p, blob in blobs.items() if pat in blob or prefix in blob]
+        if hits:
+            found[name] = hits
+    return found
+
+
+def sqlite_exec(run: Path, *statements: str) -> None:
+    """Run SQL on a run's audit.sqlite as an attacker would (the append-only triggers dropped first)."""
+    con = sqlite3.connect(run / "audit.sqlite", isolation_level=None)
+    try:
+        con.execute("DROP TRIGGER IF EXISTS audit_log_no_update")
+        con.execute("DROP TRIGGER IF EXISTS audit_log_no_delete")
+        for s in statements:
+            con.execute(s)
+    finally:
+        con.close()

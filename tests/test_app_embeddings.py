@@ -1,0 +1,106 @@
+"""The Embeddings page through streamlit.testing's AppTest, against a tiny digits run with deletions.
+
+A browser's lasso cannot be drawn here, so the selection is injected the way Streamlit stores it
+(the chart's widget state: {"selection": {"points": [...]}}), with points taken from the figure the
+page actually drew.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from munkey_core.service import MunkeyRun
+
+APP = Path(__file__).resolve().parents[1] / "app.py"
+TIMEOUT = 90
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """One torch thread: when other processes share the 2 cores, torch's 2 OpenMP threads stall at
+    every barrier (see munkey_core/keys.py; measured here: 447 s instead of 16 s for the
+    tests' fixtures). Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _figures(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def _open_embeddings(monkeypatch: pytest.MonkeyPatch, run: Path) -> AppTest:
+    """Open the page with a small cap (100 points) and rerun until the background job has drawn both maps."""
+    monkeypatch.setenv("MUNKEY_RUN", str(run))
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.session_state["emb_max_points"] = 100
+    at.run()
+    at.switch_page("pages/embeddings.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    deadline = time.time() + TIMEOUT
+    while len(at.get("plotly_chart")) < 2:
+        assert not at.error, [e.value for e in at.error]
+        assert time.time() < deadline, "the maps were not computed in time"
+        time.sleep(0.5)
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_embeddings_page_draws_both_maps_and_hands_a_selection_to_deletions(
+        tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = MunkeyRun(tiny_run, device="cpu")
+    gone = [int(i) for i in run.bank.ids[::50][:8]]
+    run.forget(gone)
+    del run
+
+    at = _open_embeddings(monkeypatch, tiny_run)
+    assert at.title[0].value == "Embeddings"
+    assert any("100 of" in c.value and "8 of them deleted" in c.value for c in at.caption)
+    assert any("Draw a lasso" in i.value for i in at.info)
+    cls_fig, ex_fig = _figures(at)
+    # the [CLS] map ends with the deleted samples as crosses; the exemplar map has none of them
+    crosses = cls_fig["data"][-1]
+    assert crosses["marker"]["symbol"].startswith("x")
+    assert sorted(int(c[0]) for c in crosses["customdata"]) == sorted(gone)
+    ex_ids = {int(c[0]) for t in ex_fig["data"] for c in t.get("customdata", [])}
+    cls_ids = {int(c[0]) for t in cls_fig["data"] for c in t["customdata"]}
+    assert len(cls_ids) == 100 and ex_ids == cls_ids - set(gone)
+
+    # lasso: two points of the first class trace and one cross (what the browser sends back)
+    t0 = cls_fig["data"][0]
+    points = [{"curve_number": 0, "point_index": j, "point_number": j, "customdata": t0["customdata"][j]}
+              for j in (0, 1)]
+    points.append({"curve_number": len(cls_fig["data"]) - 1, "point_index": 0, "point_number": 0,
+                   "customdata": crosses["customdata"][0]})
+    at.session_state["map_cls"] = {"selection": {"points": points, "point_indices": [0, 1, 0], "box": [],
+                                                 "lasso": []}}
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    kept = sorted(int(p["customdata"][0]) for p in points[:2])
+    assert at.subheader[0].value == "Selected: 3 sample(s)"
+    assert any("2 still in the memory bank, 1 deleted earlier" in c.value for c in at.caption)
+    assert len([c for c in at.caption if "id " in c.value and " · " in c.value]) == 3  # thumbnails
+    assert at.get("download_button")
+
+    at.button(key="emb_to_deletions").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "Deletion requests"
+    # the deletion page consumed the hand-over: only samples still in the bank are filled in
+    assert "deletion_ids_prefill" not in at.session_state
+    assert at.text_area(key="ids_text").value == ", ".join(map(str, kept))
+
+
+def test_embeddings_page_without_deletions(tiny_run_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _open_embeddings(monkeypatch, tiny_run_template)
+    assert any("0 of them deleted" in c.value for c in at.caption)
+    cls_fig, ex_fig = _figures(at)
+    assert not any(t["marker"].get("symbol", "").startswith("x") for f in (cls_fig, ex_fig) for t in f["data"])
+    assert not at.subheader  # nothing selected yet
