@@ -132,7 +132,25 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         page.get_by_text("Retrieval check passed").wait_for(timeout=120_000)
         _idle(page)
         assert page.locator("[data-testid=stException]").count() == 0
+        # FA on the deleted samples is reported after the deletion, and the receipt is offered
+        assert page.get_by_text("FA after =").count() >= 1
+        assert page.get_by_role("button", name="Download receipt (JSON)").count() == 1
+        assert page.get_by_role("button", name="Download receipt (HTML)").count() == 1
         page.screenshot(path=str(tmp_path / "deleted.png"))
+
+        # a viewer (no credential) can preview but not delete
+        viewer = browser.new_page(viewport={"width": 1400, "height": 1000})
+        viewer.goto(server)
+        viewer.get_by_role("heading", name="MUNKEY model").wait_for(timeout=90_000)
+        viewer.get_by_role("link", name="Deletion requests").click()
+        viewer.get_by_role("heading", name="Deletion requests").wait_for(timeout=60_000)
+        others = [int(i) for i in MemoryBank.load(tiny_run / "bank.npz").ids[:2]]
+        area = viewer.get_by_label("Sample ids (commas, spaces or new lines)")
+        area.fill(", ".join(map(str, others)))
+        area.press("Control+Enter")
+        _idle(viewer)
+        viewer.get_by_text("Preview").wait_for(timeout=30_000)
+        assert viewer.get_by_role("button", name="Delete 2 sample(s)").is_disabled()
         browser.close()
     bank1 = MemoryBank.load(tiny_run / "bank.npz")
     assert len(bank1) == len(bank0) - 4 and not set(ids) & set(bank1.ids.tolist())
