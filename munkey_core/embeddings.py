@@ -18,10 +18,7 @@ Tests: tests/test_embeddings.py.
 
 from __future__ import annotations
 
-import sys
-import threading
 import time
-import traceback
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -30,6 +27,7 @@ import numpy as np
 import torch
 
 from munkey_core.errors import MunkeyError
+from munkey_core.jobs import BackgroundJob
 from munkey_core.model import preprocess_images
 from munkey_core.predict import neighbour_weights
 from munkey_core.service import MunkeyRun, Progress
@@ -237,57 +235,24 @@ def ids_csv(ids: Sequence[int]) -> str:
 # --------------------------------------------------------------------------- off the UI thread
 
 
-class EmbeddingJob:
-    """Computes `compute_maps` in a background thread so a UI can show progress and survive reruns.
+class EmbeddingJob(BackgroundJob):
+    """Computes `compute_maps` in a background thread so a UI can show progress and survive reruns."""
 
-    States: idle -> running -> done | failed (a failed job may be started again). A MunkeyError's
-    message is kept in `error`; any other exception as a one-line message (traceback to stderr).
-    """
+    name = "munkey-embeddings"
+    what = "Computing the maps"
 
     def __init__(self, run: MunkeyRun, params: MapParams = MapParams(),
                  compute: Callable[..., EmbeddingMaps] = compute_maps) -> None:
+        super().__init__()
         self.run, self.params, self._compute = run, params, compute
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self.state = "idle"
-        self.stage = "waiting"
-        self.fraction = 0.0
         self.result: EmbeddingMaps | None = None
-        self.error: str | None = None
-        self.started: float | None = None
+        self.reset()
 
-    def start(self) -> bool:
-        """Start unless running or done; returns whether a thread was started."""
-        with self._lock:
-            if self.state in ("running", "done"):
-                return False
-            self.state, self.stage, self.fraction, self.error = "running", "starting", 0.0, None
-            self.started = time.time()
-            self._thread = threading.Thread(target=self._work, name="munkey-embeddings", daemon=True)
-            self._thread.start()
-            return True
+    def reset(self) -> None:
+        self.stage, self.fraction = "waiting", 0.0
 
     def _report(self, stage: str, fraction: float) -> None:
         self.stage, self.fraction = stage, float(fraction)
 
-    def _work(self) -> None:
-        try:
-            self.result = self._compute(self.run, self.params, progress=self._report)
-        except MunkeyError as exc:
-            self.error, self.state = str(exc), "failed"
-        except Exception as exc:  # a bug: keep the UI alive, keep the traceback for the log
-            traceback.print_exc(file=sys.stderr)
-            self.error = f"Computing the maps failed unexpectedly ({type(exc).__name__}: {exc}). See the server log."
-            self.state = "failed"
-        else:
-            self.state = "done"
-
-    @property
-    def elapsed(self) -> float:
-        return 0.0 if self.started is None else time.time() - self.started
-
-    def wait(self, timeout: float | None = None) -> str:
-        """Block until the thread ends (or `timeout`); returns the state."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return self.state
+    def task(self) -> None:
+        self.result = self._compute(self.run, self.params, progress=self._report)

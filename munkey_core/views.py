@@ -18,10 +18,6 @@ Tests: tests/test_views.py.
 from __future__ import annotations
 
 import hmac
-import sys
-import threading
-import time
-import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from munkey_core.errors import MunkeyError
+from munkey_core.jobs import BackgroundJob
 from munkey_core.memory import MemoryBank
 from munkey_core.predict import Predictions
 from munkey_core.service import MunkeyRun, Progress, train_run
@@ -266,61 +263,34 @@ def deletion_requests(run: MunkeyRun) -> list[dict]:
 # --------------------------------------------------------------------------- training job
 
 
-class TrainingJob:
-    """Trains a run in a background thread so a UI can show progress and survive reruns.
+class TrainingJob(BackgroundJob):
+    """Trains a run in a background thread so a UI can show progress and survive reruns."""
 
-    States: idle -> running -> done | failed (a failed job may be started again). A MunkeyError's
-    message is kept in `error`; any other exception is kept as a one-line message and its traceback
-    is printed to stderr.
-    """
+    what = "Training"
 
     def __init__(self, out: str | Path, *, dataset: str = "digits", profile: str = "cpu", device: str = "auto",
                  overrides: dict | None = None, trainer: Callable[..., object] = train_run) -> None:
         from munkey_core.config import resolve_profile, with_overrides
 
+        super().__init__()
         self.out = Path(out)
+        self.name = f"munkey-train-{self.out.name}"
         self.dataset, self.profile, self.device = dataset, profile, device
         self.overrides = dict(overrides or {})
         self.epochs = int(with_overrides(resolve_profile(profile).train, self.overrides).epochs)
         self._trainer = trainer
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self.state = "idle"
-        self.epoch = 0
-        self.last_record: dict | None = None
-        self.error: str | None = None
-        self.started: float | None = None
-        self.finished: float | None = None
+        self.reset()
 
-    def start(self) -> bool:
-        """Start training unless it is running or done; returns whether a thread was started."""
-        with self._lock:
-            if self.state in ("running", "done"):
-                return False
-            self.state, self.epoch, self.last_record, self.error = "running", 0, None, None
-            self.started, self.finished = time.time(), None
-            self._thread = threading.Thread(target=self._work, name=f"munkey-train-{self.out.name}", daemon=True)
-            self._thread.start()
-            return True
+    def reset(self) -> None:
+        self.epoch, self.last_record = 0, None
 
     def _on_epoch(self, record: dict) -> None:
         self.epoch = int(record.get("epoch", self.epoch + 1))
         self.last_record = dict(record)
 
-    def _work(self) -> None:
-        try:
-            self._trainer(self.dataset, self.out, profile=self.profile, device=self.device,
-                          overrides=self.overrides or None, progress=False, on_epoch=self._on_epoch)
-        except MunkeyError as exc:
-            self.error, self.state = str(exc), "failed"
-        except Exception as exc:  # a bug: keep the UI alive, keep the traceback for the log
-            traceback.print_exc(file=sys.stderr)
-            self.error = f"Training failed unexpectedly ({type(exc).__name__}: {exc}). See the server log."
-            self.state = "failed"
-        else:
-            self.state = "done"
-        finally:
-            self.finished = time.time()
+    def task(self) -> None:
+        self._trainer(self.dataset, self.out, profile=self.profile, device=self.device,
+                      overrides=self.overrides or None, progress=False, on_epoch=self._on_epoch)
 
     @property
     def fraction(self) -> float:

@@ -2,7 +2,10 @@
 verification, each request's receipt, and a receipt checker. Read-only: viewers change nothing
 (receipts are rebuilt in memory; an uploaded receipt is checked in memory, never stored)."""
 
+from pathlib import Path
+
 import pandas as pd
+
 import streamlit as st
 
 from munkey_core.auditviews import audit_rows, audit_status, check_receipt_bytes, receipt_documents
@@ -22,7 +25,9 @@ c[1].metric("Deletion requests", sum(r["kind"] == "deletion" for r in rows))
 c[2].metric("Samples deleted", len(run.forgotten_ids))
 c[3].metric("Memory bank entries", len(run.bank))
 if status["ok"]:
-    st.success(f"Log verified ({status.get('log')}): {status['message']}.", icon=":material/verified:")
+    where = str(status.get("log") or "")
+    where = f"SQLite file {Path(where[len('sqlite:'):]).name} in the run directory" if where.startswith("sqlite:") else where
+    st.success(f"Log verified ({where}): {status['message']}.", icon=":material/verified:")
 else:
     st.error(f"Log NOT intact: {status['message']}. Restore the log from a backup and investigate; deletions are "
              "refused until then.", icon=":material/gpp_bad:")

@@ -7,86 +7,27 @@ browser upload path, and the page layout actually rendering.
 
 from __future__ import annotations
 
-import io
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from munkey_core.memory import MemoryBank
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("MUNKEY_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-TOKEN = "e2e-operator-token"
+from _browser import ARGS, CHROMIUM, NO_CHROMIUM, TOKEN, digit_png, idle, streamlit_server
 
 sync_playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed "
                                       "(pip install playwright)").sync_playwright
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (apt-get install chromium, "
-                                "or set MUNKEY_CHROMIUM to one)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = NO_CHROMIUM
 
 
 @pytest.fixture
 def server(tiny_run: Path, tmp_path: Path):
-    port = _free_port()
-    env = {**os.environ, "MUNKEY_RUN": str(tiny_run), "MUNKEY_OPERATOR_TOKEN": TOKEN}
-    log = open(tmp_path / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
-                             "--server.port", str(port), "--server.address", "127.0.0.1"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(url + "/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.fail("streamlit did not start: " + (tmp_path / "server.log").read_text()[-2000:])
-            time.sleep(0.5)
+    with streamlit_server(tiny_run, tmp_path) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
-def _digit_png(path: Path) -> Path:
-    from sklearn.datasets import load_digits
-
-    img = np.rint(load_digits().images[1700] * 255 / 16).astype(np.uint8)
-    Image.fromarray(img).resize((40, 40)).save(path)
-    return path
-
-
-def _idle(page) -> None:
-    """Wait until the script run finished (Streamlit shows its status widget while running)."""
-    page.wait_for_timeout(300)
-    page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=90_000)
 
 
 def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Path) -> None:
-    png = _digit_png(tmp_path / "digit.png")
+    png = digit_png(tmp_path / "digit.png")
     (tmp_path / "broken.png").write_bytes(b"not an image")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -101,7 +42,7 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files([str(png),
                                                                                   str(tmp_path / "broken.png")])
         page.get_by_text("Retrieved training cases").wait_for(timeout=60_000)
-        _idle(page)
+        idle(page)
         assert page.locator("[data-testid=stAlertContentError]").filter(has_text="broken.png").count() == 1
         assert page.locator("[data-testid=stMetricLabel]").filter(has_text="Prediction").count() == 1
         assert page.get_by_text("Contribution of each retrieved case").count() >= 1 or \
@@ -116,21 +57,21 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         area = page.get_by_label("Sample ids (commas, spaces or new lines)")
         area.fill(", ".join(map(str, ids)))
         area.press("Control+Enter")
-        _idle(page)
+        idle(page)
         page.get_by_text("Preview").wait_for(timeout=30_000)
         cred = page.get_by_label("Operator credential")
         cred.fill(TOKEN)
         cred.press("Enter")
-        _idle(page)
+        idle(page)
         name = page.get_by_label("Operator name (recorded in the audit log)")
         name.fill("E2E operator")
         name.press("Enter")
-        _idle(page)
+        idle(page)
         page.get_by_text("I confirm the deletion of 4 training sample(s)").click()
-        _idle(page)
+        idle(page)
         page.get_by_role("button", name="Delete 4 sample(s)").click()
         page.get_by_text("Retrieval check passed").wait_for(timeout=120_000)
-        _idle(page)
+        idle(page)
         assert page.locator("[data-testid=stException]").count() == 0
         # FA on the deleted samples is reported after the deletion, and the receipt is offered
         assert page.get_by_text("FA after =").count() >= 1
@@ -148,7 +89,7 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         area = viewer.get_by_label("Sample ids (commas, spaces or new lines)")
         area.fill(", ".join(map(str, others)))
         area.press("Control+Enter")
-        _idle(viewer)
+        idle(viewer)
         viewer.get_by_text("Preview").wait_for(timeout=30_000)
         assert viewer.get_by_role("button", name="Delete 2 sample(s)").is_disabled()
         browser.close()

@@ -15,36 +15,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from munkey_core.memory import MemoryBank
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("MUNKEY_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-TOKEN = "e2e-operator-token"
+from _browser import ARGS, CHROMIUM, NO_CHROMIUM, ROOT, digit_png, idle, streamlit_server
 WIDTH, HEIGHT = 1400, 1000
 
 _pw = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
 sync_playwright, PlaywrightTimeout = _pw.sync_playwright, _pw.TimeoutError
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (apt-get install chromium, "
-                                "or set MUNKEY_CHROMIUM to one)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = NO_CHROMIUM
 
 
 @pytest.fixture
@@ -67,53 +50,14 @@ def shots_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def server(screens_run: Path, tmp_path: Path):
-    port = _free_port()
-    env = {**os.environ, "MUNKEY_RUN": str(screens_run), "MUNKEY_OPERATOR_TOKEN": TOKEN}
-    log = open(tmp_path / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
-                             "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(url + "/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.fail("streamlit did not start: " + (tmp_path / "server.log").read_text()[-2000:])
-            time.sleep(0.5)
+    with streamlit_server(screens_run, tmp_path) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
-def _digit_png(path: Path) -> Path:
-    from sklearn.datasets import load_digits
-
-    img = np.rint(load_digits().images[1700] * 255 / 16).astype(np.uint8)
-    Image.fromarray(img).resize((40, 40)).save(path)
-    return path
-
-
-def _idle(page) -> None:
-    """Wait until the script run finished (Streamlit shows its status widget while running)."""
-    page.wait_for_timeout(400)
-    page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=180_000)
 
 
 def _shoot(page, path: Path) -> None:
     """A full-page PNG: Streamlit scrolls inside its main container, not the document, so the viewport
     is grown to the content's height for the shot and restored afterwards."""
-    _idle(page)
+    idle(page)
     page.mouse.move(1, 1)  # no hover label or chart toolbar in the shot
     page.wait_for_timeout(800)  # charts finish their transitions
     height = page.evaluate("""() => {
@@ -130,7 +74,7 @@ def _shoot(page, path: Path) -> None:
 def _goto(page, link: str, heading: str) -> None:
     page.get_by_role("link", name=link).click()
     page.get_by_role("heading", name=heading).wait_for(timeout=60_000)
-    _idle(page)
+    idle(page)
 
 
 def _lasso(page, plot, whole: bool = False) -> None:
@@ -151,7 +95,7 @@ def _lasso(page, plot, whole: bool = False) -> None:
 
 
 def test_screenshots_of_every_page(server: str, screens_run: Path, shots_dir: Path, tmp_path: Path) -> None:
-    png = _digit_png(tmp_path / "digit.png")
+    png = digit_png(tmp_path / "digit.png")
     bank_ids = MemoryBank.load(screens_run / "bank.npz").ids
     forgotten_file = screens_run / "forgotten.json"
     forgotten = json.loads(forgotten_file.read_text())["ids"] if forgotten_file.exists() else []
