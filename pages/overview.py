@@ -1,5 +1,7 @@
 """Overview: the model card, the training history, and the metrics across deletions."""
 
+from pathlib import Path
+
 import pandas as pd
 import plotly.express as px
 import streamlit as st
@@ -11,7 +13,9 @@ run = require_run()
 s = run.summary()
 
 st.title("MUNKEY model")
-st.caption(f"Run directory `{run.paths.root}`")
+root = run.paths.root.resolve()
+shown = root.relative_to(Path.cwd()) if root.is_relative_to(Path.cwd()) else root
+st.caption(f"Run directory `{shown}`")
 
 st.subheader("Model card")
 st.markdown(f"**Dataset** `{s['dataset']}` ({s['classes']} classes) · **key encoder** `{s['encoder']}` · "

@@ -31,14 +31,17 @@ pytestmark = NO_CHROMIUM
 
 
 @pytest.fixture
-def screens_run(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+def screens_run(request: pytest.FixtureRequest, tmp_path: Path):
     """A private copy of MUNKEY_SCREENSHOT_RUN, else the tiny run (copied by its fixture)."""
     src = os.environ.get("MUNKEY_SCREENSHOT_RUN")
     if not src:
-        return request.getfixturevalue("tiny_run")
-    dest = tmp_path / "run"
+        yield request.getfixturevalue("tiny_run")
+        return
+    # inside the repository (runs/ is git-ignored) so the pages show a relative run path
+    dest = ROOT / "runs" / f"screenshots-{tmp_path.name}"
     shutil.copytree(Path(src).expanduser().resolve(), dest)
-    return dest
+    yield dest
+    shutil.rmtree(dest, ignore_errors=True)
 
 
 @pytest.fixture
