@@ -27,7 +27,12 @@ c[1].metric("Memory bank entries", s["bank_size"])
 c[2].metric("Deleted samples", s["deleted"])
 c[3].metric("Training time", fmt(s["train_seconds"], 0, " s"))
 
-last = latest_metrics(run)
+# "Evaluate now" is open to viewers, so its result stays in this browser session and is not written
+# to the run: the run directory changes only through an operator's deletion (which records metrics).
+session_eval = st.session_state.get("overview_eval")
+if session_eval is not None and session_eval.get("bank_size") != len(run.bank):
+    session_eval = None
+last = session_eval or latest_metrics(run)
 st.subheader("Latest evaluation")
 if last is None:
     st.info("No evaluation recorded yet. Evaluate the model to fill in TA, RA and Ps.")
@@ -43,12 +48,14 @@ else:
     current = latest_metrics(run, current_only=True) is not None
     st.caption(f"Measured {last.get('time')} on {last.get('n_test')} test, {last.get('n_retain')} retained and "
                f"{last.get('n_forget')} deleted samples; MIA attack: {last.get('MIA_attack')}."
-               + ("" if current else " The bank has changed since: evaluate again for current numbers."))
+               + (" Evaluated in this session, not recorded in the run." if session_eval is not None else
+                  "" if current else " The bank has changed since: evaluate again for current numbers."))
 
 if st.button("Evaluate now", key="evaluate", icon=":material/speed:"):
     bar = st.progress(0.0, text="Evaluating...")
     with user_errors():
-        run.evaluate(progress=lambda stage, frac: bar.progress(min(1.0, frac), text=f"Evaluating: {stage}"))
+        st.session_state["overview_eval"] = run.evaluate(
+            record=False, progress=lambda stage, frac: bar.progress(min(1.0, frac), text=f"Evaluating: {stage}"))
         bar.empty()
         st.rerun()
 

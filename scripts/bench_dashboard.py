@@ -83,7 +83,7 @@ def measure(bench: Bench, repeats: int, png: bytes) -> tuple[list[tuple[str, lis
     at = bench.new()
     long_jobs["first app run in a fresh server (imports, opening the run)"] = bench.timed(at, at.run)
 
-    at.button(key="evaluate").click()  # Overview's "Evaluate now" (writes metrics.json of the copy)
+    at.button(key="evaluate").click()  # Overview's "Evaluate now" (kept in the session, not recorded)
     long_jobs["Overview: Evaluate now (TA, RA, FA, MIA, Ps; progress bar)"] = bench.timed(at, at.run)
 
     t0 = time.perf_counter()  # the Embeddings page cold: the background job, until both maps are drawn

@@ -148,12 +148,14 @@ def test_viewer_cannot_delete(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -
     assert MemoryBank.load(tiny_run / "bank.npz").fingerprint() == fp
 
 
-def test_overview_evaluate_now_records_metrics(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_overview_evaluate_now_shows_metrics_without_changing_the_run(tiny_run: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(monkeypatch, tiny_run)
     assert "No evaluation recorded yet" in at.info[0].value
     at.button(key="evaluate").click().run()
     assert not at.exception and not at.error
-    assert (tiny_run / "metrics.json").exists()
+    assert not (tiny_run / "metrics.json").exists()  # a viewer's click writes nothing to the run
+    assert any("not recorded in the run" in c.value for c in at.caption)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["TA (test accuracy)"].endswith("%") and metrics["FA (deleted samples)"] == "—"
     assert at.get("plotly_chart")
