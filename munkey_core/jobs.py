@@ -13,11 +13,12 @@ import sys
 import threading
 import time
 import traceback
+from abc import ABC, abstractmethod
 
 from munkey_core.errors import MunkeyError
 
 
-class BackgroundJob:
+class BackgroundJob(ABC):
     """Runs `task()` once in a daemon thread; poll `state`, `error`, `elapsed`."""
 
     name = "job"            # thread name
@@ -31,8 +32,9 @@ class BackgroundJob:
         self.started: float | None = None
         self.finished: float | None = None
 
+    @abstractmethod
     def task(self) -> None:
-        raise NotImplementedError  # subclasses do the work here
+        """The long work itself; runs in the job's thread."""
 
     def reset(self) -> None:
         """Clear subclass progress before a (re)start."""
