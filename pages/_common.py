@@ -11,7 +11,9 @@ import streamlit as st
 
 from munkey_core.errors import MunkeyError
 from munkey_core.service import MunkeyRun
-from munkey_core.views import TrainingJob
+from typing import Callable, Sequence
+
+from munkey_core.views import TrainingJob, display_image, training_images
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RUN = ROOT / "runs" / "demo"
@@ -122,3 +124,17 @@ def fmt(value, digits: int = 2, suffix: str = "") -> str:
     if value is None:
         return "—"
     return f"{value:.{digits}f}{suffix}"
+
+
+def thumbnail_grid(run: MunkeyRun, ids: Sequence[int], *, size: int, per_row: int,
+                   caption: Callable[[int, str], str]) -> None:
+    """Training images by id in rows of `per_row` thumbnails, each captioned by caption(id, label name)."""
+    imgs = training_images(run, ids)
+    labels = run.dataset.lookup(ids).labels
+    names = run.class_names
+    for start in range(0, len(ids), per_row):
+        cols = st.columns(per_row)
+        for col, i, img, lab in zip(cols, ids[start:start + per_row], imgs[start:start + per_row],
+                                    labels[start:start + per_row]):
+            col.image(display_image(img, size), width=size)
+            col.caption(caption(int(i), names[int(lab)]))

@@ -18,9 +18,9 @@ from munkey_core.auditviews import refuse_unauthorised
 from munkey_core.errors import MunkeyError
 from munkey_core.images import decode_image
 from munkey_core.unlearn.keydelete import parse_ids
-from munkey_core.views import (check_credential, classify_ids, delete_and_measure, display_image, ids_from_bytes,
-                               metrics_table, similar_training_samples, training_images)
-from pages._common import fmt, require_run, user_errors
+from munkey_core.views import (check_credential, classify_ids, delete_and_measure, ids_from_bytes, metrics_table,
+                               similar_training_samples)
+from pages._common import fmt, require_run, thumbnail_grid, user_errors
 
 PREVIEW_MAX = 24
 PER_ROW = 8
@@ -144,14 +144,7 @@ if ids:
     preview = groups["in_bank"][:PREVIEW_MAX]
     if preview:
         with user_errors():
-            pimgs = training_images(run, preview)
-            labels = run.dataset.lookup(preview).labels
-            for start in range(0, len(preview), PER_ROW):
-                cols = st.columns(PER_ROW)
-                for col, i, img, lab in zip(cols, preview[start:start + PER_ROW], pimgs[start:start + PER_ROW],
-                                            labels[start:start + PER_ROW]):
-                    col.image(display_image(img, 64), width=64)
-                    col.caption(f"id {i} · label {names[int(lab)]}")
+            thumbnail_grid(run, preview, size=64, per_row=PER_ROW, caption=lambda i, name: f"id {i} · label {name}")
         if len(groups["in_bank"]) > PREVIEW_MAX:
             st.caption(f"Showing {PREVIEW_MAX} of {len(groups['in_bank'])} samples.")
 

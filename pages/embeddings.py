@@ -15,8 +15,7 @@ import streamlit as st
 
 from munkey_core.embeddings import (MAX_POINTS, EmbeddingJob, EmbeddingMaps, MapParams, ids_csv, ids_from_points,
                                     trace_groups)
-from munkey_core.views import display_image, training_images
-from pages._common import require_run, user_errors
+from pages._common import require_run, thumbnail_grid, user_errors
 
 PREFILL_KEY = "deletion_ids_prefill"  # read by the Deletion requests page: list[int], ascending
 THUMBS_MAX = 48
@@ -96,15 +95,12 @@ def _show_selection(maps: EmbeddingMaps, ids: list[int]) -> None:
     st.caption(f"{len(in_bank)} still in the memory bank, {len(ids) - len(in_bank)} deleted earlier."
                + (f" Showing the first {THUMBS_MAX}." if len(ids) > THUMBS_MAX else ""))
     shown = ids[:THUMBS_MAX]
+    def struck_if_deleted(i: int, name: str) -> str:
+        mark = "~~" if i in deleted else ""
+        return f"{mark}id {i}{mark} · {name}"
+
     with user_errors():
-        imgs = training_images(run, shown)
-        labels = run.dataset.lookup(shown).labels
-        for start in range(0, len(shown), PER_ROW):
-            cols = st.columns(PER_ROW)
-            for col, i, img, lab in zip(cols, shown[start:start + PER_ROW], imgs[start:start + PER_ROW],
-                                        labels[start:start + PER_ROW]):
-                col.image(display_image(img, 48), width=48)
-                col.caption(f"{'~~' if i in deleted else ''}id {i}{'~~' if i in deleted else ''} · {names[int(lab)]}")
+        thumbnail_grid(run, shown, size=48, per_row=PER_ROW, caption=struck_if_deleted)
     row = st.container(horizontal=True)
     row.download_button(f"Export {len(ids)} ids (CSV)", ids_csv(ids), file_name="selected_ids.csv",
                         mime="text/csv", key="emb_download", icon=":material/download:")
