@@ -111,10 +111,20 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto")
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from munkey_core import bench
+
+    p = sub.add_parser("bench", help="benchmarks that print tables of figures and same-run ratios")
+    bsub = p.add_subparsers(dest="bench_command", required=True)
+    for name in bench.BENCHMARKS:
+        mod = bench.load(name)
+        mod.add_arguments(bsub.add_parser(name, help=mod.HELP))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="munkey", description="Unlearning by design: MUNKEY key deletion.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_audit, _add_demo):
+    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_audit, _add_demo, _add_bench):
         add(sub)
     return parser
 
@@ -267,7 +277,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "predict": cmd_predict, "forget": cmd_forget, "evaluate": cmd_evaluate,
+def cmd_bench(args: argparse.Namespace) -> int:
+    from munkey_core import bench
+
+    return bench.load(args.bench_command).run(args)
+
+
+COMMANDS = {"bench": cmd_bench, "train": cmd_train, "predict": cmd_predict, "forget": cmd_forget, "evaluate": cmd_evaluate,
             "audit": cmd_audit, "demo": cmd_demo}
 
 
