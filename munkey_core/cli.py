@@ -30,6 +30,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--download", action="store_true", help="download the dataset if it is missing (needs internet)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--keep-checkpoints", type=int, default=10, help="per-epoch checkpoints kept (0 = all)")
+    p.add_argument("--arch", default="munkey", choices=["munkey", "resnet18", "vit"],
+                   help="munkey (default): the MUNKEY ViT with its memory bank; resnet18 / vit: a conventional "
+                   "classifier (what UnAct, SSD and LFSSD edit; the plain ViT has the MUNKEY backbone's sizes)")
+    p.add_argument("--exclude-class", type=int, action="append", default=[], metavar="C",
+                   help="(resnet18/vit) leave class C out of training: a class oracle; repeatable")
     g = p.add_argument_group("training options (defaults come from the profile)")
     for name, typ, text in [
         ("epochs", int, "training epochs"), ("batch-size", int, "batch size"), ("lr", float, "peak learning rate"),
@@ -143,6 +148,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
                                                 "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
                                                 "seed", "exemplar_dim", "max_train")}
+    if args.arch != "munkey":
+        from munkey_core.classifier_run import train_classifier_run
+
+        crun = train_classifier_run(args.dataset, args.out, arch=args.arch, profile=args.profile,
+                                    exclude_classes=args.exclude_class, data_root=args.data_root,
+                                    download=args.download, device=args.device, overrides=overrides)
+        last = crun.config
+        hist = json.loads((Path(args.out) / "history.json").read_text())[-1]
+        print(f"trained {args.arch} on {last['dataset']} ({last['train_size']} images, profile {last['profile']}) in "
+              f"{last['train_seconds']} s; final train acc {hist['train_acc']:.1f}%, val acc "
+              f"{_fmt(hist.get('val_acc'), 1)}% -> {args.out}")
+        return 0
+    if args.exclude_class:
+        raise MunkeyError("--exclude-class is for --arch resnet18 or vit; a MUNKEY run forgets by key deletion "
+                          "('munkey forget') or by 'munkey unact'.")
     run = service.train_run(args.dataset, args.out, profile=args.profile, encoder=args.encoder or keys.DEFAULT_ENCODER,
                             data_root=args.data_root, download=args.download, device=args.device,
                             overrides=overrides, keep_checkpoints=args.keep_checkpoints)

@@ -1,0 +1,225 @@
+"""Train, save and open a conventional classifier run (ResNet-18 or plain ViT): `munkey train --arch`.
+
+A classifier run directory holds config.json (kind "classifier", arch, dataset, sizes, recipe,
+excluded classes), model.pt and history.json. Class oracles are classifier runs trained with
+`exclude_classes` (the same recipe on the retain data). The recipe: AdamW, linear warm-up then cosine
+decay, random-shift augmentation, cross-entropy; the same as MUNKEY's so the two compare fairly.
+Cost: one plain forward/backward per image and epoch. Tests: tests/test_classifiers.py.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from munkey_core import data as data_mod
+from munkey_core.classifiers import ARCHS, ClassifierConfig, build_classifier, param_groups
+from munkey_core.config import TrainConfig, from_dict, resolve_device, resolve_profile, with_overrides
+from munkey_core.errors import MunkeyError
+from munkey_core.images import match_channels, resize_to
+from munkey_core.model import preprocess_images
+from munkey_core.rundir import FORMAT_VERSION, load_state_dict
+from munkey_core.storage import atomic_torch_save, atomic_write_json, read_json
+from munkey_core.train import cosine_schedule, random_shift
+
+# Per-profile ResNet-18 budgets (the ViT reuses the MUNKEY profile's backbone and recipe unchanged).
+RESNET_PROFILES: dict[str, tuple[dict, dict]] = {
+    "tiny": ({"width": 8}, {"epochs": 3, "lr": 2e-3}),
+    "cpu": ({"width": 16}, {"epochs": 12, "lr": 2e-3}),       # ~20 s/epoch on 10k 28 px images, 2 cores
+    "vit-tiny": ({"width": 64, "img_size": 32}, {"epochs": 60, "lr": 1e-3}),  # the standard ResNet-18 (GPU)
+}
+_EVAL_BATCH = 512
+
+
+def classifier_recipe(arch: str, profile: str, num_classes: int, in_chans: int,
+                      overrides: dict | None = None) -> tuple[ClassifierConfig, TrainConfig, str]:
+    """(model config, training config, profile name) for `arch` under a MUNKEY size profile."""
+    if arch not in ARCHS:
+        raise MunkeyError(f"Unknown architecture '{arch}'. Choose one of: munkey, {', '.join(ARCHS)}.")
+    prof = resolve_profile(profile)
+    m = prof.model
+    cfg = ClassifierConfig(arch=arch, img_size=m.img_size, in_chans=in_chans, num_classes=num_classes,
+                           patch_size=m.patch_size, embed_dim=m.embed_dim, depth=m.depth, num_heads=m.num_heads,
+                           mlp_ratio=m.mlp_ratio, drop_path_rate=m.drop_path_rate)
+    train_cfg = prof.train
+    if arch == "resnet18":
+        model_over, train_over = RESNET_PROFILES[prof.name]
+        cfg, train_cfg = replace(cfg, **model_over), replace(train_cfg, **train_over)
+    overrides = dict(overrides or {})
+    return with_overrides(cfg, overrides), with_overrides(train_cfg, overrides), prof.name
+
+
+def train_classifier(cfg: ClassifierConfig, train_cfg: TrainConfig, images: np.ndarray, labels: np.ndarray, *,
+                     val: tuple[np.ndarray, np.ndarray] | None = None, device: torch.device = torch.device("cpu"),
+                     progress: bool = True, on_epoch: Callable[[dict], None] | None = None
+                     ) -> tuple[nn.Module, list[dict]]:
+    """Train a classifier on uint8 images (N, H, W, C) and labels; returns the model (eval mode) and history."""
+    if len(labels) == 0:
+        raise MunkeyError("No training images left to train on (every class was excluded?).")
+    torch.manual_seed(train_cfg.seed)
+    gen = torch.Generator().manual_seed(train_cfg.seed)
+    model = build_classifier(cfg).to(device)
+    opt = torch.optim.AdamW(param_groups(model, train_cfg.weight_decay), lr=train_cfg.lr,
+                            betas=(train_cfg.beta1, train_cfg.beta2))
+    n = len(labels)
+    steps = math.ceil(n / train_cfg.batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, cosine_schedule(steps * train_cfg.epochs, int(train_cfg.warmup_epochs * steps)))
+    x_all = torch.from_numpy(np.ascontiguousarray(images)).to(device)
+    y_all = torch.from_numpy(labels.astype(np.int64)).to(device)
+    history: list[dict] = []
+    bar = tqdm(total=steps * train_cfg.epochs, desc=f"train {cfg.arch}", unit="step", disable=not progress,
+               dynamic_ncols=True)
+    for epoch in range(1, train_cfg.epochs + 1):
+        t0, loss_sum, correct = time.perf_counter(), 0.0, 0
+        model.train()
+        for idx in torch.randperm(n, generator=gen).to(device).split(train_cfg.batch_size):
+            x = random_shift(preprocess_images(x_all[idx], cfg.img_size), train_cfg.augment_shift, gen)
+            logits = model(x)
+            loss = F.cross_entropy(logits, y_all[idx], label_smoothing=train_cfg.label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            loss_sum += loss.item() * len(idx)
+            correct += (logits.argmax(1) == y_all[idx]).sum().item()
+            bar.update(1)
+        record = {"epoch": epoch, "loss": loss_sum / n, "train_acc": 100.0 * correct / n,
+                  "seconds": time.perf_counter() - t0}
+        if val is not None and len(val[1]):
+            record["val_acc"] = float(100.0 * np.mean(predict_labels(model, val[0][:1000], cfg.img_size) == val[1][:1000]))
+        history.append(record)
+        bar.set_postfix(epoch=epoch, loss=f"{record['loss']:.3f}", val=f"{record.get('val_acc', float('nan')):.1f}")
+        if on_epoch is not None:
+            on_epoch(record)
+    bar.close()
+    return model.eval(), history
+
+
+@torch.no_grad()
+def logits_of(model: nn.Module, images: np.ndarray, img_size: int, batch_size: int = _EVAL_BATCH) -> np.ndarray:
+    """Logits (N, classes) of uint8 images (N, H, W, C), in eval mode, batched."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, len(images), batch_size):
+        x = torch.from_numpy(np.ascontiguousarray(images[start:start + batch_size])).to(device)
+        out.append(model(preprocess_images(x, img_size)).float().cpu())
+    model.train(was_training)
+    return torch.cat(out).numpy() if out else np.zeros((0, 0), dtype=np.float32)
+
+
+def predict_labels(model: nn.Module, images: np.ndarray, img_size: int) -> np.ndarray:
+    return logits_of(model, images, img_size).argmax(1)
+
+
+def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18", profile: str = "auto",
+                         exclude_classes: Sequence[int] = (), data_root: str | Path | None = None,
+                         download: bool = False, device: str = "auto", overrides: dict | None = None,
+                         progress: bool = True, on_epoch: Callable[[dict], None] | None = None,
+                         extra_config: dict | None = None) -> "ClassifierRun":
+    """Train a ResNet-18 or plain ViT on a registry dataset (optionally without some classes) into `out`."""
+    out = Path(out)
+    if (out / "config.json").exists():
+        raise MunkeyError(f"{out} already holds a run. Choose another --out, or delete that directory first.")
+    dev = resolve_device(device)
+    base = with_overrides(resolve_profile(profile).train, dict(overrides or {}))
+    ds = data_mod.load_dataset(dataset, data_root, download=download, seed=base.seed,
+                               max_train=base.max_train or None)
+    bad = [c for c in exclude_classes if not 0 <= int(c) < ds.num_classes]
+    if bad:
+        raise MunkeyError(f"Class(es) {bad} do not exist in {ds.name} (classes 0-{ds.num_classes - 1}).")
+    cfg, train_cfg, prof_name = classifier_recipe(arch, profile, ds.num_classes, ds.channels, overrides)
+    keep_train = ~np.isin(ds.train.labels, list(exclude_classes))
+    keep_val = ~np.isin(ds.val.labels, list(exclude_classes))
+    t0 = time.perf_counter()
+    model, history = train_classifier(cfg, train_cfg, ds.train.images[keep_train], ds.train.labels[keep_train],
+                                      val=(ds.val.images[keep_val], ds.val.labels[keep_val]), device=dev,
+                                      progress=progress, on_epoch=on_epoch)
+    seconds = time.perf_counter() - t0
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_torch_save(out / "model.pt", model.state_dict())
+    atomic_write_json(out / "history.json", history)
+    atomic_write_json(out / "config.json", {
+        "format": FORMAT_VERSION, "kind": "classifier", "arch": arch, "dataset": ds.name,
+        "data_root": None if data_root is None else str(Path(data_root).resolve()),
+        "class_names": list(ds.class_names), "image_shape": list(ds.image_shape), "channels": ds.channels,
+        "profile": prof_name, "classifier": asdict(cfg), "train": asdict(train_cfg),
+        "exclude_classes": sorted(int(c) for c in exclude_classes), "train_size": int(keep_train.sum()),
+        "train_seconds": round(seconds, 1), "device": str(dev), **(extra_config or {}),
+    })
+    return ClassifierRun(out, device=device)
+
+
+def run_kind(path: str | Path) -> str:
+    """'munkey' or 'classifier' for a run directory (raises a clear error when it is not one)."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.exists():
+        raise MunkeyError(f"{path} is not a run directory (no config.json). Train one with 'munkey train --out {path}'.")
+    return str(read_json(cfg_path).get("kind", "munkey"))
+
+
+class ClassifierRun:
+    """A loaded classifier run: the model and, lazily, its dataset."""
+
+    def __init__(self, path: str | Path, device: str = "auto") -> None:
+        self.root = Path(path)
+        if run_kind(self.root) != "classifier":
+            raise MunkeyError(f"{self.root} is a MUNKEY run, not a ResNet-18/ViT classifier run.")
+        self.config = read_json(self.root / "config.json")
+        self.device = resolve_device(device)
+        self.cfg: ClassifierConfig = from_dict(ClassifierConfig, self.config["classifier"])
+        self.train_cfg: TrainConfig = from_dict(TrainConfig, self.config["train"])
+        self.model = build_classifier(self.cfg).to(self.device)
+        try:
+            self.model.load_state_dict(load_state_dict(self.root / "model.pt", self.device))
+        except RuntimeError:
+            raise MunkeyError(f"{self.root / 'model.pt'} does not match the run's config; the run is damaged.") from None
+        self.model.eval()
+        self._dataset = None
+
+    @property
+    def arch(self) -> str:
+        return self.cfg.arch
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.config["class_names"])
+
+    @property
+    def dataset(self) -> data_mod.Dataset:
+        if self._dataset is None:
+            self._dataset = data_mod.load_dataset(self.config["dataset"], self.config.get("data_root"),
+                                                  seed=self.train_cfg.seed, max_train=self.train_cfg.max_train or None)
+        return self._dataset
+
+    def prepare_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """User images (H, W, C) uint8 of any size/channels -> (B, H0, W0, C0) like the training data."""
+        if len(images) == 0:
+            raise MunkeyError("No image given; pass at least one PNG, JPEG or NPY file.")
+        shape = tuple(self.config["image_shape"])
+        return np.stack([resize_to(match_channels(img, self.config["channels"]), shape) for img in images])
+
+    def to_input(self, images_u8: np.ndarray) -> torch.Tensor:
+        """Dataset-shaped uint8 images (B, H, W, C) -> the model's input tensor (B, C, S, S)."""
+        x = torch.from_numpy(np.ascontiguousarray(images_u8)).to(self.device)
+        return preprocess_images(x, self.cfg.img_size)
+
+    def predict_labels(self, images_u8: np.ndarray) -> np.ndarray:
+        return predict_labels(self.model, images_u8, self.cfg.img_size)
+
+    def summary(self) -> dict:
+        c = self.config
+        return {"arch": self.arch, "dataset": c["dataset"], "profile": c["profile"], "classes": len(c["class_names"]),
+                "train_size": c.get("train_size"), "exclude_classes": c.get("exclude_classes", []),
+                "train_seconds": c.get("train_seconds")}
