@@ -1,0 +1,436 @@
+"""A durable exemplar bank with O(1) physical deletion: one fixed-size file, rows updated in place.
+
+Why: `MemoryBank.save` rewrites the whole bank for every request (O(N) on disk). Here a deletion
+touches only the rows it moves, so a single-id delete costs the same at 10k and at 1M entries,
+including the durable write, and the deleted bytes are overwritten on disk (no tombstone).
+
+File layout (`<path>`, little-endian): a 4 KiB header (magic, JSON with the dims, dtype, capacity,
+field names) then one contiguous region per field, each sized for `capacity` rows:
+ids (int64) | labels (int64) | keys (capacity, Dk) | values (capacity, Dv) | each moment (capacity, Dv).
+The live row count sits at a fixed header offset. Rows [count, capacity) are always zero.
+Keys, values and moments are stored in `dtype` (float32, or float16 to halve the bytes per sample).
+
+Deleting ids (one or a batch) = swap-with-last in every region:
+1. the moves (hole row <- a kept tail row) are computed; the images of the *kept* rows being moved,
+   the new count and a sha256 go to a redo file `<path>.redo`, which is fdatasync'ed (the request
+   is now durable; the redo file never holds a deleted row's bytes);
+2. the moved rows are written into the holes and rows [new_count, old_count) are overwritten with
+   zeros (pwrite), the count is updated, the store is fdatasync'ed (the deleted bytes are now gone
+   from the file on disk);
+3. the redo file is truncated.
+A crash anywhere leaves a state that `open` completes by replaying a valid redo record (replay is
+idempotent; a torn record fails its checksum and means step 2 never started).
+Cost per request: O(#deleted * row bytes) writes and three fdatasyncs; independent of N.
+Reads go through a read-only memory map, so opening a 1M-row store costs no RAM until searched
+(the id -> row dict costs about 100 bytes per entry).
+
+Caveats: on copy-on-write filesystems (btrfs, ZFS) or SSD firmware an overwrite may leave old
+blocks allocated until reused; that is true of every in-place or rename-based purge.
+Tests: tests/test_perf_bankstore.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from munkey_core.errors import MunkeyError
+from munkey_core.memory import DeleteResult, MemoryBank
+from munkey_core.storage import fsync_dir
+
+MAGIC = b"MKYSTORE1\n"
+HEADER_BYTES = 4096
+_COUNT_OFFSET = 16          # int64 live row count
+_JSON_OFFSET = 64           # length-prefixed JSON metadata
+_REDO_MAGIC = b"MKYREDO1"
+_DTYPES = {"float32": np.float32, "float16": np.float16}
+_SEARCH_ROWS = 32_768        # bank rows scored per chunk in exact search (bounds temporary memory)
+
+
+class DeleteListener(Protocol):
+    """Something that mirrors row positions (an ANN index) and must follow swap-deletes."""
+
+    def on_delete(self, removed_rows: np.ndarray, moves: list[tuple[int, int]]) -> None: ...
+
+
+@dataclass
+class StoreDeleteResult(DeleteResult):
+    """A DeleteResult plus the row moves (target, source) that the delete performed."""
+
+    moves: list[tuple[int, int]] = field(default_factory=list)
+
+
+class BankStore:
+    """Ids, labels, keys, exemplars and optimiser moments in one file; O(1) durable physical delete."""
+
+    def __init__(self, path: str | Path) -> None:
+        """Open an existing store (replaying an unfinished deletion first); see `create`."""
+        self.path = Path(path)
+        if not self.path.exists():
+            raise MunkeyError(f"No bank store at {self.path}. Create one with BankStore.create or from_bank.")
+        self._fd = os.open(self.path, os.O_RDWR)
+        try:
+            self._read_header()
+            self._replay_redo()
+            self._map()
+        except MunkeyError:
+            os.close(self._fd)
+            raise
+        self.listeners: list[DeleteListener] = []
+
+    # ------------------------------------------------------------------ creation
+    @classmethod
+    def create(cls, path: str | Path, *, capacity: int, key_dim: int, value_dim: int,
+               moment_names: Sequence[str] = (), dtype: str = "float32") -> "BankStore":
+        """An empty store sized for `capacity` rows (sparse file: unused rows cost no disk blocks)."""
+        if dtype not in _DTYPES:
+            raise MunkeyError(f"Unknown bank dtype '{dtype}'; choose float32 or float16.")
+        path = Path(path)
+        meta = {"capacity": int(capacity), "key_dim": int(key_dim), "value_dim": int(value_dim),
+                "moments": list(moment_names), "dtype": dtype}
+        blob = json.dumps(meta).encode()
+        if _JSON_OFFSET + 4 + len(blob) > HEADER_BYTES:
+            raise MunkeyError("Too many moment fields for the bank store header.")
+        header = bytearray(HEADER_BYTES)
+        header[:len(MAGIC)] = MAGIC
+        header[_COUNT_OFFSET:_COUNT_OFFSET + 8] = struct.pack("<q", 0)
+        header[_JSON_OFFSET:_JSON_OFFSET + 4] = struct.pack("<I", len(blob))
+        header[_JSON_OFFSET + 4:_JSON_OFFSET + 4 + len(blob)] = blob
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.truncate(HEADER_BYTES + _row_bytes(meta) * int(capacity))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+        redo = _redo_path(path)
+        if redo.exists():
+            redo.unlink()
+        return cls(path)
+
+    @classmethod
+    def from_arrays(cls, path: str | Path, ids: np.ndarray, labels: np.ndarray, keys: np.ndarray,
+                    values: np.ndarray, moments: dict[str, np.ndarray] | None = None, *,
+                    dtype: str = "float32", capacity: int | None = None) -> "BankStore":
+        """A store holding the given rows (capacity defaults to exactly len(ids))."""
+        moments = moments or {}
+        store = cls.create(path, capacity=capacity or len(ids), key_dim=keys.shape[1], value_dim=values.shape[1],
+                           moment_names=list(moments), dtype=dtype)
+        store.append(ids, labels, keys, values, moments)
+        return store
+
+    @classmethod
+    def from_bank(cls, path: str | Path, bank: MemoryBank, *, dtype: str = "float32",
+                  capacity: int | None = None) -> "BankStore":
+        """Write a MemoryBank's rows (same row order) into a new store."""
+        a = bank.to_arrays()
+        moments = {k[len("moment_"):]: v for k, v in a.items() if k.startswith("moment_")}
+        return cls.from_arrays(path, a["ids"], a["labels"], a["keys"], a["values"], moments, dtype=dtype,
+                               capacity=capacity)
+
+    def append(self, ids: np.ndarray, labels: np.ndarray, keys: np.ndarray, values: np.ndarray,
+               moments: dict[str, np.ndarray] | None = None) -> None:
+        """Add rows at the end (durable on return). Chunk large inputs to bound memory."""
+        ids = np.asarray(ids, dtype=np.int64)
+        m = len(ids)
+        moments = moments or {}
+        if set(moments) != set(self.moment_names):
+            raise MunkeyError(f"append needs moments {self.moment_names}, got {sorted(moments)}.")
+        if self.count + m > self.capacity:
+            raise MunkeyError(f"The bank store holds at most {self.capacity} rows; create it with a larger capacity.")
+        dup = [int(i) for i in ids if int(i) in self._row]
+        if dup or len(np.unique(ids)) != m:
+            raise MunkeyError(f"Sample ids must be unique; already present or repeated: {dup[:5]}.")
+        cols = {"ids": ids, "labels": np.asarray(labels, dtype=np.int64), "keys": keys, "values": values,
+                **{f"m:{k}": v for k, v in moments.items()}}
+        for name, arr in cols.items():
+            arr = np.ascontiguousarray(arr, dtype=self._field_dtype(name))
+            if len(arr) != m:
+                raise MunkeyError(f"append: field '{name}' has {len(arr)} rows, expected {m}.")
+            os.pwrite(self._fd, arr.tobytes(), self._offset(name, self.count))
+        os.fdatasync(self._fd)
+        for r, i in enumerate(ids.tolist()):
+            self._row[i] = self.count + r
+        self._set_count(self.count + m)
+        os.fdatasync(self._fd)
+
+    # ------------------------------------------------------------------ reading
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, sample_id: int) -> bool:
+        return int(sample_id) in self._row
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self._mm["ids"][:self.count]
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self._mm["labels"][:self.count]
+
+    @property
+    def keys(self) -> np.ndarray:
+        """(N, Dk) read-only view of the file (no copy)."""
+        return self._mm["keys"][:self.count]
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._mm["values"][:self.count]
+
+    def moment(self, name: str) -> np.ndarray:
+        return self._mm[f"m:{name}"][:self.count]
+
+    def rows_of(self, ids: Iterable[int]) -> np.ndarray:
+        """Row positions of `ids` (all must be present)."""
+        try:
+            return np.array([self._row[int(i)] for i in ids], dtype=np.int64)
+        except KeyError as exc:
+            raise MunkeyError(f"Sample id {exc.args[0]} is not in the memory bank.") from None
+
+    def search(self, queries: torch.Tensor | np.ndarray, k: int,
+               exclude: Sequence[Iterable[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact cosine top-k over the file, chunked: same contract as MemoryBank.search.
+
+        Memory: one (Q, 32768) score block plus one float32 copy of a 32768-row key chunk.
+        """
+        q = torch.as_tensor(np.asarray(queries, dtype=np.float32))
+        if q.ndim == 1:
+            q = q[None]
+        n = self.count
+        if n == 0:
+            raise MunkeyError("The memory bank is empty: every training sample has been deleted.")
+        ex_rows = None
+        if exclude is not None:
+            ex_rows = [[self._row[int(i)] for i in e if int(i) in self._row] for e in exclude]
+        max_excluded = max((len(list(e)) for e in exclude), default=0) if exclude is not None else 0
+        k = max(1, min(k, n - max_excluded))
+        best_s = torch.full((len(q), 0), float("-inf"))
+        best_r = torch.zeros((len(q), 0), dtype=torch.int64)
+        keys = self._mm["keys"]
+        for start in range(0, n, _SEARCH_ROWS):
+            stop = min(n, start + _SEARCH_ROWS)
+            block = _as_tensor(keys[start:stop])
+            scores = q @ block.T  # (Q, rows)
+            if ex_rows is not None:
+                for j, rows in enumerate(ex_rows):
+                    local = [r - start for r in rows if start <= r < stop]
+                    if local:
+                        scores[j, local] = float("-inf")
+            s, r = torch.topk(scores, min(k, stop - start), dim=1)
+            best_s = torch.cat([best_s, s], 1)
+            best_r = torch.cat([best_r, r + start], 1)
+            if best_s.shape[1] > k:
+                best_s, pos = torch.topk(best_s, k, dim=1)
+                best_r = torch.gather(best_r, 1, pos)
+        return best_s, best_r
+
+    def gather_keys(self, rows: np.ndarray) -> torch.Tensor:
+        """float32 keys of the given rows (a copy)."""
+        return _as_tensor(self._mm["keys"][np.asarray(rows)])
+
+    def to_bank(self) -> MemoryBank:
+        """An in-memory MemoryBank copy (float32) with the same rows in the same order."""
+        moments = {k: np.array(self.moment(k), dtype=np.float32) for k in self.moment_names}
+        return MemoryBank(np.array(self.ids), np.array(self.labels), np.array(self.keys, dtype=np.float32),
+                          np.array(self.values, dtype=np.float32), moments)
+
+    def fingerprint(self) -> str:
+        """sha256 in id order, computed like MemoryBank.fingerprint (on float32 copies)."""
+        return self.to_bank().fingerprint()
+
+    # ------------------------------------------------------------------ deletion
+    def delete(self, ids: Iterable[int]) -> StoreDeleteResult:
+        """Physically remove ids (every field), durably; absent ids are reported, not an error."""
+        result = StoreDeleteResult()
+        rows: list[int] = []
+        for sample_id in dict.fromkeys(int(i) for i in ids):
+            row = self._row.get(sample_id)
+            if row is None:
+                result.absent.append(sample_id)
+            else:
+                rows.append(row)
+                result.deleted.append(sample_id)
+        if not rows:
+            return result
+        n = self.count
+        n_after = n - len(rows)
+        dead = set(rows)
+        holes = sorted(r for r in rows if r < n_after)
+        sources = [r for r in range(n_after, n) if r not in dead]
+        moves = list(zip(holes, sources))
+        images = {name: np.array(self._mm[name][sources]) for name in self._fields}
+        self._write_redo(n, n_after, moves, images)
+        self._apply(n, n_after, moves, images)
+        os.ftruncate(self._redo_fd(), 0)
+        os.fdatasync(self._redo_fd())
+        for sample_id in result.deleted:
+            del self._row[sample_id]
+        moved_ids = images["ids"]
+        for (target, _), sid in zip(moves, moved_ids.tolist()):
+            self._row[sid] = target
+        result.moves = moves
+        removed = np.array(rows, dtype=np.int64)
+        for listener in self.listeners:
+            listener.on_delete(removed, moves)
+        return result
+
+    def _apply(self, n: int, n_after: int, moves: list[tuple[int, int]], images: dict[str, np.ndarray]) -> None:
+        """Write moved rows into their holes, zero the vacated tail, set the count, fdatasync."""
+        for name in self._fields:
+            width = self._width(name)
+            for j, (target, _) in enumerate(moves):
+                os.pwrite(self._fd, np.ascontiguousarray(images[name][j:j + 1]).tobytes(),
+                          self._offset(name, target))
+            if n > n_after:
+                os.pwrite(self._fd, bytes((n - n_after) * width), self._offset(name, n_after))
+        self._set_count(n_after)
+        os.fdatasync(self._fd)
+
+    # ------------------------------------------------------------------ redo record
+    def _write_redo(self, n: int, n_after: int, moves: list[tuple[int, int]], images: dict[str, np.ndarray]) -> None:
+        parts = [struct.pack("<qqq", n, n_after, len(moves)), np.array([t for t, _ in moves], dtype=np.int64).tobytes()]
+        parts += [np.ascontiguousarray(images[name]).tobytes() for name in self._fields]
+        body = b"".join(parts)
+        record = _REDO_MAGIC + struct.pack("<q", len(body)) + body + hashlib.sha256(body).digest()
+        fd = self._redo_fd()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
+        os.fdatasync(fd)
+
+    def _replay_redo(self) -> None:
+        redo = _redo_path(self.path)
+        if not redo.exists():
+            return
+        data = redo.read_bytes()
+        if len(data) < 16 or data[:8] != _REDO_MAGIC:
+            redo.unlink()  # empty or torn before the header: the deletion never started
+            return
+        (length,) = struct.unpack("<q", data[8:16])
+        body, digest = data[16:16 + length], data[16 + length:16 + length + 32]
+        if len(body) != length or hashlib.sha256(body).digest() != digest:
+            redo.unlink()  # torn record: step 2 never started, the store is unchanged
+            return
+        n, n_after, m = struct.unpack("<qqq", body[:24])
+        count = self._read_count()
+        if count not in (n, n_after):
+            raise MunkeyError(f"The bank store {self.path} and its redo record disagree (count {count}, "
+                              f"record {n}->{n_after}); restore the run from a backup.")
+        pos = 24
+        targets = np.frombuffer(body, dtype=np.int64, count=m, offset=pos)
+        pos += 8 * m
+        images = {}
+        for name in self._fields:
+            nbytes = m * self._width(name)
+            images[name] = np.frombuffer(body, dtype=np.uint8, count=nbytes, offset=pos).reshape(m, -1)
+            pos += nbytes
+        self._apply(n, n_after, [(int(t), -1) for t in targets], images)
+        redo.unlink()
+        fsync_dir(self.path.parent)
+
+    def _redo_fd(self) -> int:
+        if getattr(self, "_rfd", None) is None:
+            self._rfd = os.open(_redo_path(self.path), os.O_RDWR | os.O_CREAT, 0o600)
+            fsync_dir(self.path.parent)
+        return self._rfd
+
+    # ------------------------------------------------------------------ layout
+    def _read_header(self) -> None:
+        head = os.pread(self._fd, HEADER_BYTES, 0)
+        if len(head) < HEADER_BYTES or not head.startswith(MAGIC):
+            raise MunkeyError(f"{self.path} is not a MUNKEY bank store (bad header); restore it from a backup.")
+        (length,) = struct.unpack("<I", head[_JSON_OFFSET:_JSON_OFFSET + 4])
+        self.meta = json.loads(head[_JSON_OFFSET + 4:_JSON_OFFSET + 4 + length])
+        self.capacity = int(self.meta["capacity"])
+        self.key_dim = int(self.meta["key_dim"])
+        self.value_dim = int(self.meta["value_dim"])
+        self.moment_names: list[str] = list(self.meta["moments"])
+        self.dtype = self.meta["dtype"]
+        self._fields = ["ids", "labels", "keys", "values", *[f"m:{k}" for k in self.moment_names]]
+        self._offsets: dict[str, int] = {}
+        off = HEADER_BYTES
+        for name in self._fields:
+            self._offsets[name] = off
+            off += self._width(name) * self.capacity
+        expected = off
+        if os.fstat(self._fd).st_size != expected:
+            raise MunkeyError(f"The bank store {self.path} has the wrong size (truncated?); restore it from a backup.")
+
+    def _map(self) -> None:
+        self.count = self._read_count()
+        self._mm: dict[str, np.ndarray] = {}
+        for name in self._fields:
+            shape = (self.capacity,) if name in ("ids", "labels") else (self.capacity, self._cols(name))
+            if self.capacity == 0:
+                self._mm[name] = np.zeros(shape, dtype=self._field_dtype(name))
+            else:
+                self._mm[name] = np.memmap(self.path, dtype=self._field_dtype(name), mode="r",
+                                           offset=self._offsets[name], shape=shape)
+        self._row = dict(zip(self._mm["ids"][:self.count].tolist(), range(self.count)))
+
+    def _cols(self, name: str) -> int:
+        return 1 if name in ("ids", "labels") else (self.key_dim if name == "keys" else self.value_dim)
+
+    def _field_dtype(self, name: str) -> type:
+        return np.int64 if name in ("ids", "labels") else _DTYPES[self.dtype]
+
+    def _width(self, name: str) -> int:
+        return self._cols(name) * np.dtype(self._field_dtype(name)).itemsize
+
+    def _offset(self, name: str, row: int) -> int:
+        return self._offsets[name] + row * self._width(name)
+
+    def _read_count(self) -> int:
+        return struct.unpack("<q", os.pread(self._fd, 8, _COUNT_OFFSET))[0]
+
+    def _set_count(self, n: int) -> None:
+        os.pwrite(self._fd, struct.pack("<q", n), _COUNT_OFFSET)
+        self.count = n
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one sample occupies in the file (all fields)."""
+        return sum(self._width(name) for name in self._fields)
+
+    def close(self) -> None:
+        """Release the file descriptors and the memory map."""
+        self._mm = {}  # the maps close when the last view of them is dropped
+        for attr in ("_fd", "_rfd"):
+            fd = getattr(self, attr, None)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, attr, None)
+
+    def __enter__(self) -> "BankStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _redo_path(path: Path) -> Path:
+    return path.with_name(path.name + ".redo")
+
+
+def _row_bytes(meta: dict) -> int:
+    item = np.dtype(_DTYPES[meta["dtype"]]).itemsize
+    return 16 + item * (meta["key_dim"] + meta["value_dim"] * (1 + len(meta["moments"])))
+
+
+def _as_tensor(a: np.ndarray) -> torch.Tensor:
+    """float32 tensor from a (possibly read-only, possibly float16) array, copying only if needed."""
+    if a.dtype != np.float32:
+        return torch.from_numpy(a.astype(np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only memmap: we never write through it
+        return torch.from_numpy(np.asarray(a))
