@@ -8,6 +8,7 @@ a run finishes an interrupted deletion (deletion.py); `forget` is an audited req
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import asdict
@@ -47,8 +48,10 @@ def _now() -> str:
 def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: str = keys_mod.DEFAULT_ENCODER,
               data_root: str | Path | None = None, download: bool = False, device: str = "auto",
               overrides: dict | None = None, keep_checkpoints: int = 10, progress: bool = True,
-              on_epoch: Callable[[dict], None] | None = None) -> "MunkeyRun":
-    """Train a MUNKEY model on a registry dataset and write a run directory at `out`."""
+              on_epoch: Callable[[dict], None] | None = None, exclude_classes: Sequence[int] = ()) -> "MunkeyRun":
+    """Train a MUNKEY model on a registry dataset and write a run directory at `out`.
+
+    `exclude_classes` leaves those classes out of training entirely (a class oracle)."""
     out = Path(out)
     if (out / "config.json").exists():
         raise MunkeyError(f"{out} already holds a run. Choose another --out, or delete that directory first.")
@@ -58,6 +61,9 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
     dev = resolve_device(device)
     ds = data_mod.load_dataset(dataset, data_root, download=download, seed=train_cfg.seed,
                                max_train=train_cfg.max_train or None)
+    if exclude_classes:
+        ds = dataclasses.replace(ds, train=ds.train.subset(~np.isin(ds.train.labels, list(exclude_classes))),
+                                 val=ds.val.subset(~np.isin(ds.val.labels, list(exclude_classes))))
     enc = keys_mod.load_encoder(encoder, device=dev)
     train_keys = keys_mod.cached_keys(enc, ds.train.images, ds.train.ids, dataset=ds.name, split="train",
                                       progress=progress)
@@ -82,6 +88,7 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
         "class_names": list(ds.class_names), "image_shape": list(ds.image_shape), "channels": ds.channels,
         "encoder": enc.describe(), "profile": prof.name, "model": asdict(model_cfg), "train": asdict(train_cfg),
         "train_size": len(ds.train), "train_seconds": round(seconds, 1), "device": str(dev),
+        "exclude_classes": sorted(int(c) for c in exclude_classes),
     })
     return MunkeyRun(out, device=device)
 

@@ -1,0 +1,368 @@
+"""Class unlearning on a run: UnAct, SSD, LFSSD and (MUNKEY runs) class key deletion, with Af/Ar/Delta.
+
+`ClassEditor` opens a run (a ResNet-18 / ViT classifier run, or a MUNKEY run) and keeps the original
+model untouched: every request edits a working copy, is measured on the test split, and can be saved
+as a *new* run directory (`save`). What each method reads:
+- UnAct: only the request's images (forward passes, pseudo-label from the model's own logits).
+- SSD: the images with their labels (the pseudo-label when the request has none) plus the whole
+  training split for I_D (cached per model: "cold" computes it, "warm" reads it). LFSSD: no labels.
+- class key deletion (MUNKEY only): every bank entry labelled with the class; the backbone still sees
+  the image, so it is reported alone and combined with UnAct on the backbone's image pathway.
+Accuracies: Af = test accuracy on the forgotten class, Ar = on the other classes; with a class oracle
+(the same recipe trained without the class, `oracles/class_C/` inside the run) Delta = |Ar - Ar*| +
+|Af - Af*|. Tests: tests/test_classforget.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from munkey_core.classifier_run import ClassifierRun, run_kind, train_classifier_run
+from munkey_core.errors import MunkeyError
+from munkey_core.evidence import model_fingerprint
+from munkey_core.memory import MemoryBank
+from munkey_core.predict import predict
+from munkey_core.storage import atomic_torch_save, atomic_write_json, read_json
+from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, ssd_forget
+from munkey_core.unlearn.unact import DEFAULTS, RoundInfo, UnActConfig, munkey_image_forward, scope_for, unact
+
+METHODS = ("unact", "ssd", "lfssd", "keys", "keys+unact")
+ORACLE_DIR = "oracles"
+_MUNKEY_TEST_CAP = 2000  # MUNKEY's K-fold ensemble is slower: evaluate on a stratified subset
+
+
+@dataclass
+class ClassMetrics:
+    cls: int
+    Af: float
+    Ar: float
+    per_class: list[float]
+    n_test: int
+
+    def delta(self, oracle: "ClassMetrics | None") -> float | None:
+        if oracle is None:
+            return None
+        return abs(self.Ar - oracle.Ar) + abs(self.Af - oracle.Af)
+
+
+@dataclass
+class ClassRequest:
+    """One class-unlearning request and what it did."""
+
+    method: str
+    cls: int                       # the class measured (the pseudo-label when the images carried none)
+    pseudo_label: int | None
+    n_images: int
+    seconds: float
+    before: ClassMetrics
+    after: ClassMetrics
+    oracle: ClassMetrics | None
+    delta: float | None
+    details: dict = field(default_factory=dict)
+
+    def as_row(self) -> dict:
+        return {"method": self.method, "class": self.cls, "pseudo_label": self.pseudo_label, "n": self.n_images,
+                "seconds": round(self.seconds, 4), "Af_before": self.before.Af, "Ar_before": self.before.Ar,
+                "Af": self.after.Af, "Ar": self.after.Ar, "Af_oracle": None if self.oracle is None else self.oracle.Af,
+                "Ar_oracle": None if self.oracle is None else self.oracle.Ar, "Delta": self.delta, **self.details}
+
+
+def _per_class(pred: np.ndarray, labels: np.ndarray, num_classes: int) -> list[float]:
+    return [float(100.0 * np.mean(pred[labels == c] == c)) if np.any(labels == c) else float("nan")
+            for c in range(num_classes)]
+
+
+def class_metrics(pred: np.ndarray, labels: np.ndarray, cls: int, num_classes: int) -> ClassMetrics:
+    """Af (accuracy on class `cls`) and Ar (on every other class, pooled) in percent."""
+    f = labels == cls
+    if not f.any():
+        raise MunkeyError(f"The test set holds no image of class {cls}.")
+    return ClassMetrics(int(cls), float(100.0 * np.mean(pred[f] == cls)), float(100.0 * np.mean(pred[~f] == labels[~f])),
+                        _per_class(pred, labels, num_classes), int(len(labels)))
+
+
+class ClassEditor:
+    """A run opened for class unlearning; the loaded model is never modified (requests edit copies)."""
+
+    def __init__(self, path: str | Path, device: str = "auto", max_test: int | None = None) -> None:
+        self.root = Path(path)
+        self.kind = run_kind(self.root)
+        if self.kind == "classifier":
+            self.run = ClassifierRun(self.root, device=device)
+            self.arch = self.run.arch
+        else:
+            from munkey_core.service import MunkeyRun
+
+            self.run = MunkeyRun(self.root, device=device)
+            self.arch = "munkey"
+        self.device = self.run.device
+        self.model = self.run.model
+        ds = self.dataset
+        cap = _MUNKEY_TEST_CAP if (max_test is None and self.kind == "munkey") else (max_test or 0)
+        self.test_index = _stratified_cap(ds.test.labels, cap, seed=0)
+        self._test_keys: np.ndarray | None = None
+        self._fp: str | None = None
+
+    # ----- data ---------------------------------------------------------------------------
+    @property
+    def dataset(self):
+        return self.run.dataset
+
+    @property
+    def class_names(self) -> list[str]:
+        return self.run.class_names
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def default_config(self) -> UnActConfig:
+        p, gamma, k = DEFAULTS["resnet18" if self.arch == "resnet18" else "vit"]
+        return UnActConfig(p, gamma, k)
+
+    def class_images(self, cls: int, n: int | None = None, seed: int = 0) -> np.ndarray:
+        """n seeded-random training images of class `cls` (all of them when n is None or 0)."""
+        if not 0 <= int(cls) < self.num_classes:
+            raise MunkeyError(f"Class {cls} does not exist: this run's classes are 0-{self.num_classes - 1} "
+                              f"({', '.join(self.class_names)}).")
+        tr = self.dataset.train
+        idx = np.flatnonzero(tr.labels == cls)
+        if n:
+            if n < 1:
+                raise MunkeyError(f"n must be at least 1 (got {n}).")
+            idx = np.sort(np.random.default_rng(seed).choice(idx, size=min(int(n), len(idx)), replace=False))
+        return tr.images[idx]
+
+    def prepare(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """User images of any size/channels -> dataset-shaped uint8 (n, H, W, C)."""
+        return self.run.prepare_images(images)
+
+    def to_input(self, images_u8: np.ndarray) -> torch.Tensor:
+        from munkey_core.model import preprocess_images
+
+        img_size = self.run.cfg.img_size if self.kind == "classifier" else self.run.model_cfg.img_size
+        x = torch.from_numpy(np.ascontiguousarray(images_u8)).to(self.device)
+        return preprocess_images(x, img_size)
+
+    # ----- evaluation ---------------------------------------------------------------------
+    def _test_keys_sub(self) -> np.ndarray:
+        if self._test_keys is None:
+            self._test_keys = self.run.split_keys("test")[self.test_index]
+        return self._test_keys
+
+    def predict_test(self, model: torch.nn.Module, bank: MemoryBank | None = None) -> np.ndarray:
+        """Predicted labels of the evaluated test images under `model` (and `bank` for MUNKEY)."""
+        images = self.dataset.test.images[self.test_index]
+        if self.kind == "classifier":
+            from munkey_core.classifier_run import predict_labels
+
+            return predict_labels(model, images, self.run.cfg.img_size)
+        bank = self.run.bank if bank is None else bank
+        with torch.no_grad():
+            preds = predict(model, bank, self.to_input(images), self._test_keys_sub(), k=self.run.train_cfg.k,
+                            tau=self.run.train_cfg.tau, neighbour_predictions=False)
+        return preds.labels
+
+    def metrics(self, cls: int, model: torch.nn.Module | None = None, bank: MemoryBank | None = None) -> ClassMetrics:
+        pred = self.predict_test(self.model if model is None else model, bank)
+        return class_metrics(pred, self.dataset.test.labels[self.test_index], cls, self.num_classes)
+
+    # ----- oracles -------------------------------------------------------------------------
+    def oracle_path(self, cls: int) -> Path:
+        return self.root / ORACLE_DIR / f"class_{int(cls)}"
+
+    def oracle_metrics(self, cls: int) -> ClassMetrics | None:
+        """Af*, Ar* of the class oracle on the same test images (cached in the oracle's directory)."""
+        path = self.oracle_path(cls)
+        if not (path / "config.json").exists():
+            return None
+        cache = path / "class_eval.json"
+        tag = {"cls": int(cls), "n_test": int(len(self.test_index)), "test_hash": _index_hash(self.test_index)}
+        if cache.exists():
+            data = read_json(cache)
+            if data.get("tag") == tag:
+                return ClassMetrics(**data["metrics"])
+        if self.kind == "classifier":
+            oracle = ClassifierRun(path, device=str(self.device))
+            m = self.metrics(cls, oracle.model)
+        else:
+            from munkey_core.service import MunkeyRun
+
+            orun = MunkeyRun(path, device=str(self.device))
+            m = self.metrics(cls, orun.model, orun.bank)
+        atomic_write_json(cache, {"tag": tag, "metrics": asdict(m)})
+        return m
+
+    def train_oracle(self, cls: int, progress: bool = True) -> Path:
+        """Retrain this run's recipe without class `cls` into oracles/class_C (skipped when it exists)."""
+        path = self.oracle_path(cls)
+        if (path / "config.json").exists():
+            return path
+        cfg = self.run.config
+        overrides = dict(cfg["train"])
+        if self.kind == "classifier":
+            overrides.update({k: v for k, v in cfg["classifier"].items() if k != "arch"})
+            train_classifier_run(cfg["dataset"], path, arch=self.arch, profile=cfg["profile"], exclude_classes=[cls],
+                                 data_root=cfg.get("data_root"), device=str(self.device), overrides=overrides,
+                                 progress=progress)
+        else:
+            from munkey_core.service import train_run
+
+            overrides.update(cfg["model"])
+            train_run(cfg["dataset"], path, profile=cfg["profile"], encoder=cfg["encoder"]["name"],
+                      data_root=cfg.get("data_root"), device=str(self.device), overrides=overrides,
+                      progress=progress, exclude_classes=[cls], keep_checkpoints=1)
+        return path
+
+    # ----- requests -------------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        if self._fp is None:
+            self._fp = model_fingerprint(self.model)
+        return self._fp
+
+    def working_copy(self) -> torch.nn.Module:
+        return copy.deepcopy(self.model).eval()
+
+    def run_unact(self, images_u8: np.ndarray, cfg: UnActConfig | None = None, *, model: torch.nn.Module | None = None,
+                  on_round: Callable[[RoundInfo, torch.nn.Module], None] | None = None):
+        """UnAct on a copy (or on `model`, edited in place). Returns (edited model, UnActResult)."""
+        cfg = cfg or self.default_config()
+        cfg.check()
+        if len(images_u8) == 0:
+            raise MunkeyError("UnAct needs at least one image of the class to forget.")
+        work = self.working_copy() if model is None else model
+        scope = scope_for(work)
+        callback = None if on_round is None else (lambda info: on_round(info, work))
+        result = unact(scope, self.to_input(images_u8), cfg, on_round=callback)
+        return work, result
+
+    def run_ssd(self, images_u8: np.ndarray, labels: np.ndarray | None, cfg: SSDConfig, *, cold: bool = False):
+        """SSD/LFSSD on a copy; `cold` recomputes I_D even when it is cached. Returns (model, SSDResult)."""
+        if self.kind != "classifier":
+            raise MunkeyError("SSD and LFSSD edit conventional classifiers (ResNet-18 / ViT runs).")
+        if len(images_u8) == 0:
+            raise MunkeyError("SSD needs at least one image of the class to forget.")
+        work = self.working_copy()
+        tr = self.dataset.train
+        cache = self.root / "importance"
+        fp = self.fingerprint()
+
+        def compute():
+            return importance(work, self.to_input, tr.images, tr.labels, cfg.method, cfg.batch_size)
+
+        def full():
+            return cached_importance(cache, fp, cfg.method, cfg.batch_size, compute, refresh=cold)
+
+        res = ssd_forget(work, self.to_input, images_u8, labels, full, cfg)
+        return work, res
+
+    def class_bank(self, cls: int) -> tuple[MemoryBank, list[int]]:
+        """A copy of the MUNKEY bank without every entry labelled `cls`, and the deleted ids."""
+        if self.kind != "munkey":
+            raise MunkeyError("Class key deletion needs a MUNKEY run (its memory bank).")
+        b = self.run.bank
+        bank = MemoryBank(b.ids, b.labels, b.keys.clone(), b.values.clone())
+        ids = [int(i) for i in b.ids[b.labels == cls]]
+        bank.delete(ids)
+        bank.compact()
+        return bank, ids
+
+    def request(self, method: str, images_u8: np.ndarray, *, cls: int | None = None,
+                labels: np.ndarray | None = None, cfg: UnActConfig | None = None,
+                ssd: SSDConfig | None = None, cold: bool = False) -> tuple[ClassRequest, torch.nn.Module, MemoryBank | None]:
+        """Run one request with `method` on the images; measured against the class `cls` (default: the
+        pseudo-label). Returns the report, the edited model and (MUNKEY) the edited bank."""
+        if method not in METHODS:
+            raise MunkeyError(f"Unknown method '{method}'; choose one of {', '.join(METHODS)}.")
+        if len(images_u8) == 0:
+            raise MunkeyError("The request holds no image of the class to forget.")
+        pseudo = self.pseudo_label(images_u8)
+        cls = pseudo if cls is None else int(cls)
+        before = self.metrics(cls)
+        details: dict = {}
+        bank = None
+        t0 = time.perf_counter()
+        if method in ("unact", "keys+unact"):
+            model, res = self.run_unact(images_u8, cfg)
+            details.update(rounds=len(res.rounds), units=sum(len(r.selected) for r in res.rounds),
+                           p=res.config.p, gamma=res.config.gamma, k=res.config.k)
+        elif method in ("ssd", "lfssd"):
+            scfg = ssd or SSDConfig(method=method, alpha=10.0 if self.arch == "resnet18" else 5.0)
+            lab = None if method == "lfssd" else (np.full(len(images_u8), cls) if labels is None else labels)
+            model, res = self.run_ssd(images_u8, lab, scfg, cold=cold)
+            details.update(dampened=res.dampened, importance_cached=res.full_importance_cached)
+        else:
+            model = self.model
+        if method.startswith("keys"):
+            bank, ids = self.class_bank(cls)
+            details.update(keys_deleted=len(ids))
+        seconds = time.perf_counter() - t0
+        after = self.metrics(cls, model, bank)
+        oracle = self.oracle_metrics(cls)
+        return (ClassRequest(method, cls, pseudo, len(images_u8), seconds, before, after, oracle,
+                             after.delta(oracle), details), model, bank)
+
+    @torch.no_grad()
+    def pseudo_label(self, images_u8: np.ndarray, model: torch.nn.Module | None = None) -> int:
+        """argmax of the mean logits over the images (MUNKEY: the image pathway)."""
+        m = self.model if model is None else model
+        x = self.to_input(images_u8)
+        fwd = munkey_image_forward(m) if self.kind == "munkey" else m
+        return int(torch.cat([fwd(x[i:i + 256]) for i in range(0, len(x), 256)]).double().mean(0).argmax())
+
+    # ----- saving ---------------------------------------------------------------------------
+    def save(self, out: str | Path, model: torch.nn.Module, request: ClassRequest, *,
+             operator: str | None = None) -> Path:
+        """Write the edited model as a new run at `out` (the original run stays untouched)."""
+        out = Path(out)
+        if out.exists() and any(out.iterdir()):
+            raise MunkeyError(f"{out} already exists and is not empty; choose another --out.")
+        if out.resolve() == self.root.resolve():
+            raise MunkeyError("The edited model is saved as a new run; --out must differ from the run.")
+        out.mkdir(parents=True, exist_ok=True)
+        config = dict(self.run.config)
+        lineage = list(config.get("edits", [])) + [{"method": request.method, "class": request.cls,
+                                                    "from_run": str(self.root), "n_images": request.n_images,
+                                                    "details": request.details, "Af": request.after.Af,
+                                                    "Ar": request.after.Ar, "Delta": request.delta}]
+        config["edits"] = lineage
+        if self.kind == "munkey":
+            for name in ("bank.npz", "forgotten.json", "history.json"):
+                if (self.root / name).exists():
+                    shutil.copy2(self.root / name, out / name)
+        atomic_torch_save(out / "model.pt", model.state_dict())
+        atomic_write_json(out / "config.json", config)
+        if self.kind == "munkey" and request.method.startswith("keys"):
+            from munkey_core.service import MunkeyRun
+
+            new = MunkeyRun(out, device=str(self.device))
+            ids = [int(i) for i in new.bank.ids[new.bank.labels == request.cls]]
+            new.forget(ids, operator=operator, source=f"class {request.cls} ({request.method})")
+        return out
+
+
+def _stratified_cap(labels: np.ndarray, cap: int, seed: int) -> np.ndarray:
+    """All indices, or a seeded subset of `cap` with every class in proportion."""
+    n = len(labels)
+    if not cap or cap >= n:
+        return np.arange(n)
+    rng = np.random.default_rng(seed)
+    picks = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        picks.append(rng.choice(idx, size=max(1, round(cap * len(idx) / n)), replace=False))
+    return np.sort(np.concatenate(picks))
+
+
+def _index_hash(index: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(index, dtype=np.int64).tobytes()).hexdigest()[:16]
