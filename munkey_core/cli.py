@@ -116,6 +116,31 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto")
 
 
+def _add_unact(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("unact", help="erase a whole class from a trained model (UnAct; SSD/LFSSD and, on a MUNKEY "
+                       "run, class key deletion to compare); saves the edited model as a new run")
+    p.add_argument("run", help="a resnet18 / vit run ('munkey train --arch') or a MUNKEY run")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--images", help="folder of images of the class to forget (no label needed)")
+    src.add_argument("--class", dest="cls", type=int, help="take the images from this class of the training split")
+    p.add_argument("--n", type=int, default=0, help="with --class: how many images (default 0 = all)")
+    p.add_argument("--seed", type=int, default=0, help="with --class and --n: which images")
+    p.add_argument("--method", default="unact", choices=["unact", "ssd", "lfssd", "keys", "keys+unact"],
+                   help="unact (default); ssd / lfssd (classifier runs); keys = delete every key of the class, "
+                   "keys+unact = both (MUNKEY runs)")
+    p.add_argument("--p", type=float, default=None, help="percentile of units dampened each round (ResNet 99, ViT 85)")
+    p.add_argument("--gamma", type=float, default=None, help="damping factor in (0, 1) (ResNet 0.01, ViT 0.1)")
+    p.add_argument("--k", type=int, default=None, help="rounds (ResNet 20, ViT 5)")
+    p.add_argument("--out", default=None, help="new run directory for the edited model (default RUN_unact_cC[_N])")
+    p.add_argument("--no-save", action="store_true", help="only measure; write nothing")
+    p.add_argument("--train-oracle", action="store_true", help="train the class oracle first if it is missing "
+                   "(the same recipe without the class), so Delta can be reported")
+    p.add_argument("--operator", default=None, help="who files the request (recorded in the new run's audit log "
+                   "when keys are deleted)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true")
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from munkey_core import bench
 
@@ -129,7 +154,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="munkey", description="Unlearning by design: MUNKEY key deletion.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_audit, _add_demo, _add_bench):
+    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_audit, _add_demo, _add_unact, _add_bench):
         add(sub)
     return parser
 
@@ -297,13 +322,55 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _free_dir(base: Path) -> Path:
+    out, i = base, 1
+    while out.exists():
+        i += 1
+        out = base.with_name(f"{base.name}_{i}")
+    return out
+
+
+def cmd_unact(args: argparse.Namespace) -> int:
+    from munkey_core.classforget import ClassEditor
+    from munkey_core.images import read_image_dir
+    from munkey_core.unlearn.unact import UnActConfig
+
+    editor = ClassEditor(args.run, device=args.device)
+    if args.images is not None:
+        images = editor.prepare(read_image_dir(args.images))
+        cls = None
+    else:
+        images, cls = editor.class_images(args.cls, args.n, seed=args.seed), args.cls
+    base = editor.default_config()
+    cfg = UnActConfig(base.p if args.p is None else args.p, base.gamma if args.gamma is None else args.gamma,
+                      base.k if args.k is None else args.k)
+    cfg.check()
+    if args.train_oracle:
+        editor.train_oracle(editor.pseudo_label(images) if cls is None else cls)
+    req, model, _ = editor.request(args.method, images, cls=cls, cfg=cfg)
+    row = req.as_row()
+    out = None
+    if not args.no_save:
+        out = Path(args.out) if args.out else _free_dir(Path(f"{str(args.run).rstrip('/')}_{args.method.replace('+', '_')}_c{req.cls}"))
+        editor.save(out, model, req, operator=args.operator)
+        row["out"] = str(out)
+    name = editor.class_names[req.cls]
+    text = (f"{args.method} on class {req.cls} ({name}; pseudo-label {req.pseudo_label}) from {req.n_images} image(s) "
+            f"in {req.seconds:.3f} s\n  Af {req.before.Af:.2f} -> {req.after.Af:.2f}   Ar {req.before.Ar:.2f} -> "
+            f"{req.after.Ar:.2f}   Delta " + (f"{req.delta:.2f} (oracle Af {req.oracle.Af:.2f}, Ar {req.oracle.Ar:.2f})"
+                                               if req.oracle else "- (no class oracle: add --train-oracle)"))
+    text += f"\nsaved as a new run: {out} (the original is untouched)" if out else "\nnot saved (--no-save)"
+    _emit(row, args.json, text)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from munkey_core import bench
 
     return bench.load(args.bench_command).run(args)
 
 
-COMMANDS = {"bench": cmd_bench, "train": cmd_train, "predict": cmd_predict, "forget": cmd_forget, "evaluate": cmd_evaluate,
+COMMANDS = {"unact": cmd_unact, "bench": cmd_bench, "train": cmd_train, "predict": cmd_predict, "forget": cmd_forget, "evaluate": cmd_evaluate,
             "audit": cmd_audit, "demo": cmd_demo}
 
 

@@ -89,6 +89,17 @@ def read_image_file(path: str | Path) -> np.ndarray:
     return decode_image(path.read_bytes(), str(path))
 
 
+def read_image_dir(path: str | Path) -> list[np.ndarray]:
+    """Every image file directly inside folder `path` (sorted by name) -> list of (H, W, C) uint8."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise MunkeyError(f"{folder} is not a folder; pass a folder of PNG, JPEG or NPY images.")
+    files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise MunkeyError(f"{folder} holds no image ({', '.join(IMAGE_SUFFIXES)}); put the images of the class there.")
+    return [read_image_file(f) for f in files]
+
+
 def match_channels(image: np.ndarray, channels: int) -> np.ndarray:
     """Convert (H, W, C) uint8 to the model's channel count (gray <-> RGB)."""
     if image.shape[-1] == channels:

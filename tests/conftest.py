@@ -36,3 +36,17 @@ def tiny_run(tiny_run_template: Path, tmp_path: Path) -> Path:
     dest = tmp_path / "run"
     shutil.copytree(tiny_run_template, dest)
     return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A ResNet-18 and a plain ViT trained once per session on digits (tiny profile; do not modify)."""
+    from munkey_core.classifier_run import train_classifier_run
+
+    root = tmp_path_factory.mktemp("classifiers")
+    runs = {"resnet18": root / "resnet18", "vit": root / "vit"}
+    train_classifier_run("digits", runs["resnet18"], arch="resnet18", profile="tiny", device="cpu", progress=False,
+                         overrides={"epochs": 4})
+    train_classifier_run("digits", runs["vit"], arch="vit", profile="tiny", device="cpu", progress=False,
+                         overrides={"epochs": 15})
+    return runs

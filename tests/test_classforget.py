@@ -1,0 +1,138 @@
+"""Class unlearning end to end: classifier training and class oracles, `munkey unact` on ResNet, ViT
+and MUNKEY runs (new run written, original untouched, Delta against the oracle), and error paths."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from munkey_core.classforget import ClassEditor, class_metrics
+from munkey_core.classifier_run import ClassifierRun
+from munkey_core.cli import main
+from munkey_core.memory import MemoryBank
+
+
+def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def resnet_run(tiny_classifier_runs, tmp_path: Path) -> Path:
+    dest = tmp_path / "r18"
+    shutil.copytree(tiny_classifier_runs["resnet18"], dest)
+    return dest
+
+
+def test_class_metrics_on_a_hand_made_case() -> None:
+    labels = np.array([0, 0, 1, 1, 2, 2, 2, 2])
+    pred = np.array([0, 1, 1, 1, 2, 0, 0, 2])
+    m = class_metrics(pred, labels, cls=2, num_classes=3)
+    assert m.Af == 50.0 and m.Ar == 75.0 and m.per_class == [50.0, 100.0, 50.0]
+    oracle = class_metrics(np.array([0, 0, 1, 1, 0, 0, 1, 1]), labels, cls=2, num_classes=3)
+    assert oracle.Af == 0.0 and oracle.Ar == 100.0
+    assert m.delta(oracle) == 25.0 + 50.0
+
+
+def test_train_classifier_cli_and_class_oracle(tmp_path: Path, capsys) -> None:
+    code, out, _ = run_cli(capsys, "train", "--arch", "resnet18", "--dataset", "digits", "--profile", "tiny",
+                           "--epochs", "3", "--exclude-class", "4", "--out", str(tmp_path / "o4"))
+    assert code == 0 and "trained resnet18" in out
+    run = ClassifierRun(tmp_path / "o4", device="cpu")
+    assert run.config["kind"] == "classifier" and run.config["exclude_classes"] == [4]
+    ds = run.dataset
+    assert run.config["train_size"] == int((ds.train.labels != 4).sum())
+    pred = run.predict_labels(ds.test.images)
+    m = class_metrics(pred, ds.test.labels, 4, 10)
+    assert m.Af < 5.0 and m.Ar > 80.0  # never saw a 4: (almost) never says 4
+    code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--exclude-class", "4", "--out", str(tmp_path / "m"))
+    assert code == 2 and "--arch resnet18 or vit" in err and not (tmp_path / "m").exists()
+
+
+def test_unact_cli_writes_a_new_run_with_delta_and_leaves_the_original(resnet_run: Path, capsys) -> None:
+    before = {p.name: _digest(p) for p in resnet_run.iterdir() if p.is_file()}
+    out = resnet_run.parent / "edited"
+    code, text, err = run_cli(capsys, "unact", str(resnet_run), "--class", "3", "--n", "25", "--p", "90",
+                              "--gamma", "0.1", "--k", "10", "--train-oracle", "--out", str(out), "--json")
+    assert code == 0, err
+    row = json.loads(text)
+    assert row["class"] == 3 and row["pseudo_label"] == 3 and row["n"] == 25
+    assert row["Af"] < row["Af_before"] - 30 and row["Delta"] is not None
+    assert row["Delta"] == pytest.approx(abs(row["Ar"] - row["Ar_oracle"]) + abs(row["Af"] - row["Af_oracle"]))
+    assert {p.name: _digest(p) for p in resnet_run.iterdir() if p.is_file()} == before  # original untouched
+    edited = ClassifierRun(out, device="cpu")
+    assert edited.config["edits"][-1]["method"] == "unact" and edited.config["edits"][-1]["class"] == 3
+    again = ClassEditor(out, device="cpu").metrics(3)
+    assert again.Af == pytest.approx(row["Af"]) and again.Ar == pytest.approx(row["Ar"])
+
+
+def test_unact_cli_from_a_folder_of_images_uses_the_pseudo_label(resnet_run: Path, tmp_path: Path, capsys) -> None:
+    ed = ClassEditor(resnet_run, device="cpu")
+    folder = tmp_path / "sevens"
+    folder.mkdir()
+    for i, img in enumerate(ed.class_images(7, 6)):
+        Image.fromarray(img[..., 0]).resize((40, 40)).save(folder / f"{i}.png")  # another size: resized
+    code, text, err = run_cli(capsys, "unact", str(resnet_run), "--images", str(folder), "--no-save", "--json")
+    assert code == 0, err
+    row = json.loads(text)
+    assert row["pseudo_label"] == 7 and row["class"] == 7 and "out" not in row
+    assert sorted(p.name for p in resnet_run.parent.iterdir()) == ["r18", "sevens"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--class", "3", "--p", "150"], "p must be"),
+    (["--class", "3", "--gamma", "1"], "gamma"),
+    (["--class", "3", "--k", "0"], "rounds"),
+    (["--class", "42"], "does not exist"),
+    (["--class", "3", "--method", "keys"], "MUNKEY run"),
+])
+def test_unact_cli_bad_input_gives_a_clear_error_and_writes_nothing(resnet_run: Path, capsys, argv, message) -> None:
+    before = sorted(p.name for p in resnet_run.parent.iterdir())
+    code, out, err = run_cli(capsys, "unact", str(resnet_run), *argv)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert sorted(p.name for p in resnet_run.parent.iterdir()) == before
+
+
+def test_unact_cli_empty_folder(resnet_run: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli(capsys, "unact", str(resnet_run), "--images", str(tmp_path / "empty"))
+    assert code == 2 and "holds no image" in err
+
+
+def test_vit_run_unact(tiny_classifier_runs, capsys) -> None:
+    code, text, err = run_cli(capsys, "unact", str(tiny_classifier_runs["vit"]), "--class", "0", "--no-save", "--json")
+    assert code == 0, err
+    row = json.loads(text)
+    assert (row["p"], row["gamma"], row["k"]) == (85.0, 0.1, 5)  # the ViT working point
+    assert row["Af"] < row["Af_before"]
+
+
+def test_munkey_class_key_deletion_and_unact(tiny_run: Path, capsys) -> None:
+    bank_before = MemoryBank.load(tiny_run / "bank.npz").fingerprint()
+    out = tiny_run.parent / "no_twos"
+    code, text, err = run_cli(capsys, "unact", str(tiny_run), "--class", "2", "--n", "20", "--method", "keys+unact",
+                              "--operator", "alice", "--out", str(out), "--json")
+    assert code == 0, err
+    row = json.loads(text)
+    assert row["keys_deleted"] > 0 and row["Af"] < row["Af_before"]
+    assert MemoryBank.load(tiny_run / "bank.npz").fingerprint() == bank_before  # original untouched
+    new_bank = MemoryBank.load(out / "bank.npz")
+    assert not np.any(new_bank.labels == 2) and len(new_bank) == len(MemoryBank.load(tiny_run / "bank.npz")) - row["keys_deleted"]
+    code, text, _ = run_cli(capsys, "audit", "verify", str(out), "--json")
+    assert code == 0 and json.loads(text)["ok"]
+    code, text, _ = run_cli(capsys, "audit", "show", str(out), "--json")
+    entries = json.loads(text)["entries"]
+    assert entries[-1]["operator"] == "alice" and len(entries[-1]["deleted"]) == row["keys_deleted"]
+    keys_only, _, _ = ClassEditor(tiny_run, device="cpu").request("keys", ClassEditor(tiny_run, device="cpu").class_images(2, 20))
+    assert keys_only.after.Af >= row["Af"]  # UnAct on the backbone adds to what key deletion alone does
