@@ -367,9 +367,17 @@ def bench_training(quick: bool, seed: int) -> list[str]:
 
 
 # ---------------------------------------------------------------- memory
-def _child_train_rss(n: int) -> float:
+def _peak_rss_mib() -> float:
+    """This process's peak RSS (VmHWM; ru_maxrss would carry the parent's peak across exec on Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     import resource
 
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _child_train_rss(n: int) -> float:
     import torch
 
     from munkey_core.config import PROFILES, with_overrides
@@ -378,12 +386,10 @@ def _child_train_rss(n: int) -> float:
     torch.set_num_threads(1)
     cfg = with_overrides(PROFILES["cpu"].train, {"epochs": 1})
     train_munkey(PROFILES["cpu"].model, cfg, _train_data(n, 0), progress=False)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return _peak_rss_mib()
 
 
 def _child_serve_rss(n: int, workdir: str) -> float:
-    import resource
-
     import torch
 
     from munkey_core.config import PROFILES
@@ -399,7 +405,7 @@ def _child_serve_rss(n: int, workdir: str) -> float:
     store.close()
     x = preprocess_images(torch.from_numpy(data.images[:1024]), 28)
     predict(model, bank, x, bank.keys[:1024], k=8, tau=0.05)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return _peak_rss_mib()
 
 
 def bench_memory(workdir: Path) -> list[str]:
