@@ -103,7 +103,6 @@ def bench_deletion(sizes: list[int], quick: bool, seed: int, workdir: Path) -> l
     import torch
 
     from munkey_core.ann import IVFIndex
-    from munkey_core.bankstore import BankStore
     from munkey_core.memory import MemoryBank
 
     faiss.omp_set_num_threads(1)
