@@ -239,7 +239,7 @@ class ClassEditor:
         if len(images_u8) == 0:
             raise MunkeyError("UnAct needs at least one image of the class to forget.")
         work = self.working_copy() if model is None else model
-        scope = scope_for(work)
+        scope = scope_for(work, score=cfg.score)
         callback = None if on_round is None else (lambda info: on_round(info, work))
         result = unact(scope, self.to_input(images_u8), cfg, on_round=callback)
         return work, result
@@ -294,6 +294,8 @@ class ClassEditor:
             model, res = self.run_unact(images_u8, cfg)
             details.update(rounds=len(res.rounds), units=sum(len(r.selected) for r in res.rounds),
                            p=res.config.p, gamma=res.config.gamma, k=res.config.k)
+            if self.arch == "resnet18":
+                details["score"] = res.config.score
         elif method in ("ssd", "lfssd"):
             scfg = ssd or SSDConfig(method=method, alpha=10.0 if self.arch == "resnet18" else 5.0)
             lab = None if method == "lfssd" else (np.full(len(images_u8), cls) if labels is None else labels)

@@ -245,3 +245,18 @@ def test_munkey_backbone_scope_reads_no_bank(tiny_run) -> None:
     assert res.pseudo_label == 5 and len(res.rounds) == 2
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, ed.model.state_dict()[k])]
     assert changed and all(".mlp.fc" in k for k in changed)
+
+
+def test_resnet_attribution_scores_weight_activations_by_the_class_logit_direction(resnet_editor: ClassEditor) -> None:
+    model = resnet_editor.working_copy()
+    x = resnet_editor.to_input(resnet_editor.class_images(8, 8))
+    with torch.no_grad():
+        _, act = scope_for(model).logits_and_scores(x, 8)
+        logits, attr = scope_for(model, score="attribution").logits_and_scores(x, 8)
+        w = model.fc.weight
+        torch.testing.assert_close(attr, act * (w[8] - w.mean(0)))
+        # the attributions add up to the class logit minus the mean logit (up to the biases)
+        b = model.fc.bias
+        torch.testing.assert_close(attr.sum(1), logits[:, 8] - logits.mean(1) - (b[8] - b.mean()))
+    with pytest.raises(MunkeyError, match="Unknown ResNet scoring"):
+        scope_for(model, score="gradient")

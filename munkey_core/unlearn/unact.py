@@ -46,6 +46,7 @@ class UnActConfig:
     p: float = 99.0
     gamma: float = 0.01
     k: int = 20
+    score: str = "activation"   # ResNet only: activation (the paper's) | attribution
 
     def check(self) -> None:
         """Raise a clear MunkeyError for values outside their ranges."""
@@ -102,17 +103,31 @@ def select_units(scores: np.ndarray, p: float) -> np.ndarray:
 
 
 class ResNetScope:
-    """The last residual block's output channels of a CIFAR-stem ResNet (munkey_core.classifiers.ResNet18)."""
+    """The last residual block's output channels of a CIFAR-stem ResNet (munkey_core.classifiers.ResNet18).
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
+    `score="activation"` (the paper's rule): the channel's mean pooled post-ReLU activation.
+    `score="attribution"` (our option, the ViT rule carried over): that activation times the channel's
+    weight towards the pseudo-class logit relative to the mean logit, `a_j (W[c, j] - mean_c' W[c', j])`,
+    exact for the logits since they are linear in the pooled features; it spares channels that every
+    class uses."""
+
+    SCORES = ("activation", "attribution")
+
+    def __init__(self, model: nn.Module, score: str = "activation") -> None:
+        if score not in self.SCORES:
+            raise MunkeyError(f"Unknown ResNet scoring '{score}'; choose one of {', '.join(self.SCORES)}.")
+        self.model, self.score = model, score
         self.block = model.layer4[-1]
         self.n_units = model.fc.in_features
         self.input_shape = (model.cfg.in_chans, model.cfg.img_size, model.cfg.img_size)
 
     def logits_and_scores(self, x: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
         pooled = self.model.forward_head(self.model.forward_features(x), pre_logits=True)  # (B, U)
-        return self.model.fc(pooled), pooled
+        logits = self.model.fc(pooled)
+        if self.score == "activation":
+            return logits, pooled
+        w = self.model.fc.weight  # (classes, U)
+        return logits, pooled * (w[target] - w.mean(dim=0))[None, :]
 
     def dampen(self, units: torch.Tensor, gamma: float) -> bool:
         conv, bn, fc = self.block.conv2.weight, self.block.bn2, self.model.fc.weight
@@ -223,7 +238,7 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
 
 
 def scope_for(model: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
-              input_shape: Sequence[int] | None = None) -> UnitScope:
+              input_shape: Sequence[int] | None = None, score: str = "activation") -> UnitScope:
     """The UnAct scope of a ResNet-18, a plain timm ViT or a MUNKEY ViT (image pathway)."""
     from timm.models.vision_transformer import VisionTransformer
 
@@ -231,7 +246,7 @@ def scope_for(model: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor] 
     from munkey_core.model import MunkeyViT
 
     if isinstance(model, ResNet18):
-        return ResNetScope(model)
+        return ResNetScope(model, score)
     if isinstance(model, MunkeyViT):
         c = model.cfg
         return ViTScope(model.vit, forward or munkey_image_forward(model), (c.in_chans, c.img_size, c.img_size))
