@@ -284,29 +284,31 @@ class ClassEditor:
             raise MunkeyError(f"Unknown method '{method}'; choose one of {', '.join(METHODS)}.")
         if len(images_u8) == 0:
             raise MunkeyError("The request holds no image of the class to forget.")
-        pseudo = self.pseudo_label(images_u8)
-        cls = pseudo if cls is None else int(cls)
-        before = self.metrics(cls)
+        uses_unact = method in ("unact", "keys+unact")
+        pseudo = None if uses_unact else self.pseudo_label(images_u8)  # UnAct finds it in its first pass
         details: dict = {}
         bank = None
         t0 = time.perf_counter()
-        if method in ("unact", "keys+unact"):
+        if uses_unact:
             model, res = self.run_unact(images_u8, cfg)
+            pseudo = res.pseudo_label
             details.update(rounds=len(res.rounds), units=sum(len(r.selected) for r in res.rounds),
                            p=res.config.p, gamma=res.config.gamma, k=res.config.k)
             if self.arch == "resnet18":
                 details["score"] = res.config.score
-        elif method in ("ssd", "lfssd"):
+        cls = pseudo if cls is None else int(cls)
+        if method in ("ssd", "lfssd"):
             scfg = ssd or SSDConfig(method=method, alpha=10.0 if self.arch == "resnet18" else 5.0)
             lab = None if method == "lfssd" else (np.full(len(images_u8), cls) if labels is None else labels)
             model, res = self.run_ssd(images_u8, lab, scfg, cold=cold)
             details.update(dampened=res.dampened, importance_cached=res.full_importance_cached)
-        else:
+        elif not uses_unact:
             model = self.model
         if method.startswith("keys"):
             bank, ids = self.class_bank(cls)
             details.update(keys_deleted=len(ids))
         seconds = time.perf_counter() - t0
+        before = self.metrics(cls)
         after = self.metrics(cls, model, bank)
         oracle = self.oracle_metrics(cls)
         return (ClassRequest(method, cls, pseudo, len(images_u8), seconds, before, after, oracle,

@@ -14,7 +14,7 @@ from types import ModuleType
 # name -> module (relative to this package); add a benchmark by adding a line here.
 BENCHMARKS: dict[str, str] = {
     "perf": ".perf",
-
+    "unact": ".unact",
 }
 
 

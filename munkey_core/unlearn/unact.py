@@ -16,7 +16,7 @@ Scopes (which units, how they are scored, which weights an edit touches):
   replaced by null_tok, so the bank is not read).
 The pseudo-label c is the argmax of the *original* model's mean logits over the images.
 
-Cost: one batched forward over the n images per round; no autograd graph is ever built (everything
+Cost: one batched forward over the n images per round (the first also gives the pseudo-label); no autograd graph is ever built (everything
 runs under torch.no_grad) and no parameter's requires_grad is touched. Deterministic given model,
 images and (p, gamma, k). Tests: tests/test_unact.py.
 """
@@ -85,8 +85,11 @@ class UnitScope(Protocol):
     n_units: int
     input_shape: tuple[int, int, int]  # (C, S, S) the model expects
 
-    def logits_and_scores(self, x: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, classes) and per-image unit scores (B, U) for images x (B, C, S, S)."""
+    def forward_stats(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, classes) and the per-image, class-independent part of the unit scores (B, U)."""
+
+    def unit_weights(self, target: int) -> torch.Tensor | None:
+        """The class-dependent factor of the unit scores (U,), or None when scores ignore the class."""
 
     def dampen(self, units: torch.Tensor, gamma: float) -> bool:
         """Multiply the in/out weights of `units` by gamma; False when that changes nothing."""
@@ -121,13 +124,19 @@ class ResNetScope:
         self.n_units = model.fc.in_features
         self.input_shape = (model.cfg.in_chans, model.cfg.img_size, model.cfg.img_size)
 
-    def logits_and_scores(self, x: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_stats(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pooled = self.model.forward_head(self.model.forward_features(x), pre_logits=True)  # (B, U)
-        logits = self.model.fc(pooled)
+        return self.model.fc(pooled), pooled
+
+    def unit_weights(self, target: int) -> torch.Tensor | None:
         if self.score == "activation":
-            return logits, pooled
+            return None
         w = self.model.fc.weight  # (classes, U)
-        return logits, pooled * (w[target] - w.mean(dim=0))[None, :]
+        return w[target] - w.mean(dim=0)
+
+    def logits_and_scores(self, x: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, classes) and per-image unit scores (B, U)."""
+        return _logits_and_scores(self, x, target)
 
     def dampen(self, units: torch.Tensor, gamma: float) -> bool:
         conv, bn, fc = self.block.conv2.weight, self.block.bn2, self.model.fc.weight
@@ -154,7 +163,8 @@ class ViTScope:
         self.n_units = self.hidden * len(self.blocks)
         self.input_shape = input_shape
 
-    def logits_and_scores(self, x: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_stats(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and g_j(x) / sigma(x) for every unit (B, U): the score without its class factor."""
         acts: list[torch.Tensor] = []
         resid: list[torch.Tensor] = []
         hooks = [b.mlp.act.register_forward_hook(lambda m, i, o: acts.append(o[:, 0, :])) for b in self.blocks]
@@ -164,11 +174,18 @@ class ViTScope:
         finally:
             for h in hooks:
                 h.remove()
-        norm, head = self.vit.norm, self.vit.head.weight  # head: (classes, D)
-        u = (head[target] - head.mean(dim=0)) * norm.weight  # (D,) class direction through the LN scale
-        sigma = torch.sqrt(resid[-1].var(dim=1, unbiased=False) + norm.eps)  # (B,)
-        parts = [g * (b.mlp.fc2.weight.T @ u)[None, :] for g, b in zip(acts, self.blocks)]  # (B, H) each
-        return logits, torch.cat(parts, dim=1) / sigma[:, None]  # (B, U)
+        sigma = torch.sqrt(resid[-1].var(dim=1, unbiased=False) + self.vit.norm.eps)  # (B,) final LN scale
+        return logits, torch.cat(acts, dim=1) / sigma[:, None]
+
+    def unit_weights(self, target: int) -> torch.Tensor:
+        """w_j . u_c for every unit (U,): u_c = (head row c - mean head row) * final LayerNorm weight."""
+        head = self.vit.head.weight  # (classes, D)
+        u = (head[target] - head.mean(dim=0)) * self.vit.norm.weight  # (D,)
+        return torch.cat([b.mlp.fc2.weight.T @ u for b in self.blocks])
+
+    def logits_and_scores(self, x: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, classes) and per-image unit scores (B, U)."""
+        return _logits_and_scores(self, x, target)
 
     def dampen(self, units: torch.Tensor, gamma: float) -> bool:
         changed = False
@@ -196,15 +213,27 @@ def _check_images(images: torch.Tensor, scope: UnitScope) -> None:
         raise MunkeyError("The images contain NaN or infinite values.")
 
 
-def _mean_logits_and_scores(scope: UnitScope, images: torch.Tensor, target: int) -> tuple[np.ndarray, np.ndarray]:
-    """Mean logits (classes,) and mean unit scores (U,) over the images, accumulated in float64."""
-    logit_sum, score_sum = None, None
+def _logits_and_scores(scope: UnitScope, x: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
+    logits, base = scope.forward_stats(x)
+    w = scope.unit_weights(target)
+    return logits, base if w is None else base * w[None, :]
+
+
+def _mean_stats(scope: UnitScope, images: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Mean logits (classes,) and the mean class-independent score part (U,), accumulated in float64.
+    The class factor does not depend on the image, so mean(score) = mean(part) * factor."""
+    logit_sum, base_sum = None, None
     for start in range(0, len(images), _BATCH):
-        logits, scores = scope.logits_and_scores(images[start:start + _BATCH], target)
-        ls, ss = logits.double().sum(0).cpu(), scores.double().sum(0).cpu()
+        logits, base = scope.forward_stats(images[start:start + _BATCH])
+        ls, bs = logits.double().sum(0).cpu(), base.double().sum(0).cpu()
         logit_sum = ls if logit_sum is None else logit_sum + ls
-        score_sum = ss if score_sum is None else score_sum + ss
-    return (logit_sum / len(images)).numpy(), (score_sum / len(images)).numpy()
+        base_sum = bs if base_sum is None else base_sum + bs
+    return (logit_sum / len(images)).numpy(), (base_sum / len(images)).numpy()
+
+
+def _scores(scope: UnitScope, base_mean: np.ndarray, target: int) -> np.ndarray:
+    w = scope.unit_weights(target)
+    return base_mean if w is None else base_mean * w.double().cpu().numpy()
 
 
 def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
@@ -218,12 +247,14 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
     _check_images(images, scope)
     t0 = time.perf_counter()
     with torch.no_grad():
-        mean_logits, _ = _mean_logits_and_scores(scope, images, 0)
+        mean_logits, base_mean = _mean_stats(scope, images)  # this pass also scores round 1
         target = int(np.argmax(mean_logits))  # the pseudo-label: no label is read
         result = UnActResult(target, [float(v) for v in mean_logits], len(images), scope.n_units, cfg)
         for r in range(1, cfg.k + 1):
             tr = time.perf_counter()
-            _, scores = _mean_logits_and_scores(scope, images, target)
+            if r > 1:
+                _, base_mean = _mean_stats(scope, images)  # re-score the edited model
+            scores = _scores(scope, base_mean, target)
             units = select_units(scores, cfg.p)
             changed = scope.dampen(torch.as_tensor(units, device=images.device), float(cfg.gamma))
             if not changed:

@@ -1,0 +1,43 @@
+"""`munkey bench unact`: UnAct against SSD, LFSSD and class-retrained oracles, in one run.
+
+Sections (each row: Af, Ar on the test set, the oracle's Af* and Ar*, Delta, seconds per request):
+- full class: every training image of the class; UnAct (each scoring asked for), one-round UnAct,
+  SSD and LFSSD, each timed cold (I_D computed) and warm (I_D cached);
+- few-shot: n images (seeded), UnAct for each n, SSD/LFSSD at the smallest n;
+- sequential: the classes forgotten one after another in the same model (retain accuracy over the
+  classes still kept, against the original's on the same classes);
+- MUNKEY (with --munkey-run): class key deletion alone, UnAct on the backbone alone, both.
+Every timing is a ratio against SSD cold on the same model and images, measured in the same run.
+Writes unact_<dataset>.md and unact_<dataset>.csv to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "UnAct vs SSD / LFSSD vs class oracles: full class, few-shot, sequential requests, time per request"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="a ResNet-18 or ViT classifier run ('munkey train --arch resnet18')")
+    p.add_argument("--munkey-run", default=None, help="also measure class removal on this MUNKEY run")
+    p.add_argument("--classes", default="0,2,3,5,8", help="classes to forget, one at a time (default 0,2,3,5,8)")
+    p.add_argument("--shots", default="5,10,25,100,all", help="few-shot sizes n (default 5,10,25,100,all)")
+    p.add_argument("--seed", type=int, default=42, help="which n images (default 42, the paper's)")
+    p.add_argument("--p", type=float, default=None, help="UnAct percentile (default: the run's working point)")
+    p.add_argument("--gamma", type=float, default=None)
+    p.add_argument("--k", type=int, default=None)
+    p.add_argument("--one-round-p", type=float, default=90.0, help="p of the one-round request (default 90)")
+    p.add_argument("--scores", default="activation,attribution", help="ResNet scorings to compare; the first is used "
+                   "for few-shot and sequential rows")
+    p.add_argument("--train-oracles", action="store_true", help="train missing class oracles first")
+    p.add_argument("--no-sequential", action="store_true")
+    p.add_argument("--out", default=None, help="folder for the Markdown and CSV tables")
+    p.add_argument("--device", default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    from munkey_core.bench.unact_run import UnactBench
+
+    return UnactBench(args).run()
+

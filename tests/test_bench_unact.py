@@ -1,0 +1,32 @@
+"""`munkey bench unact` on tiny real runs: every section produces rows, tables and files."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from munkey_core.cli import main
+
+
+def test_bench_unact_writes_tables(tiny_classifier_runs, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "results"
+    code = main(["bench", "unact", str(tiny_classifier_runs["resnet18"]), "--classes", "1,6", "--shots", "5,all",
+                 "--p", "90", "--gamma", "0.1", "--k", "5", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "Full class" in text and "Few-shot" in text and "Sequential" in text and "SSD cold / one-round UnAct" in text
+    rows = list(csv.DictReader(open(out / "unact_digits.csv")))
+    methods = {(r["section"], r["method"]) for r in rows}
+    assert ("full class", "ssd") in methods and ("full class", "unact (attribution)") in methods
+    assert ("few-shot", "lfssd") in methods and ("sequential", "unact (activation)") in methods
+    full = [r for r in rows if r["section"] == "full class" and r["method"] == "unact (attribution)"]
+    assert {r["class"] for r in full} == {"1", "6"}
+    assert all(float(r["Af"]) < float(r["Af_before"]) for r in full)
+    assert all(float(r["seconds_cold"]) > float(r["seconds"]) for r in rows if r["method"] == "ssd"
+               and r["section"] == "full class")  # a cold request computes I_D; a warm one reads it
+    assert (out / "unact_digits.md").read_text().startswith("## UnAct on digits")
+
+
+def test_bench_unact_refuses_a_munkey_run_first(tiny_run: Path, capsys) -> None:
+    assert main(["bench", "unact", str(tiny_run)]) == 2
+    assert "--munkey-run" in capsys.readouterr().err
