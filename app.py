@@ -13,6 +13,7 @@ PAGES = [
     st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
     st.Page("pages/evidence.py", title="Case evidence", icon=":material/image_search:"),
     st.Page("pages/deletions.py", title="Deletion requests", icon=":material/delete:"),
+    st.Page("pages/class_unlearning.py", title="Class unlearning", icon=":material/layers_clear:"),
     st.Page("pages/audit.py", title="Audit log", icon=":material/fact_check:"),
     st.Page("pages/embeddings.py", title="Embeddings", icon=":material/scatter_plot:"),
 ]

@@ -108,7 +108,7 @@ class ClassEditor:
         ds = self.dataset
         cap = _MUNKEY_TEST_CAP if (max_test is None and self.kind == "munkey") else (max_test or 0)
         self.test_index = _stratified_cap(ds.test.labels, cap, seed=0)
-        self._test_keys: np.ndarray | None = None
+        self._all_test_keys: np.ndarray | None = None
         self._fp: str | None = None
 
     # ----- data ---------------------------------------------------------------------------
@@ -153,21 +153,24 @@ class ClassEditor:
         return preprocess_images(x, img_size)
 
     # ----- evaluation ---------------------------------------------------------------------
-    def _test_keys_sub(self) -> np.ndarray:
-        if self._test_keys is None:
-            self._test_keys = self.run.split_keys("test")[self.test_index]
-        return self._test_keys
+    def _test_keys(self, index: np.ndarray) -> np.ndarray:
+        if self._all_test_keys is None:
+            self._all_test_keys = self.run.split_keys("test")
+        return self._all_test_keys[index]
 
-    def predict_test(self, model: torch.nn.Module, bank: MemoryBank | None = None) -> np.ndarray:
-        """Predicted labels of the evaluated test images under `model` (and `bank` for MUNKEY)."""
-        images = self.dataset.test.images[self.test_index]
+    def predict_test(self, model: torch.nn.Module, bank: MemoryBank | None = None,
+                     index: np.ndarray | None = None) -> np.ndarray:
+        """Predicted labels of the evaluated test images (or of test rows `index`) under `model`
+        (and `bank` for MUNKEY; default the run's bank)."""
+        index = self.test_index if index is None else index
+        images = self.dataset.test.images[index]
         if self.kind == "classifier":
             from munkey_core.classifier_run import predict_labels
 
             return predict_labels(model, images, self.run.cfg.img_size)
         bank = self.run.bank if bank is None else bank
         with torch.no_grad():
-            preds = predict(model, bank, self.to_input(images), self._test_keys_sub(), k=self.run.train_cfg.k,
+            preds = predict(model, bank, self.to_input(images), self._test_keys(index), k=self.run.train_cfg.k,
                             tau=self.run.train_cfg.tau, neighbour_predictions=False)
         return preds.labels
 
@@ -277,7 +280,9 @@ class ClassEditor:
 
     def request(self, method: str, images_u8: np.ndarray, *, cls: int | None = None,
                 labels: np.ndarray | None = None, cfg: UnActConfig | None = None,
-                ssd: SSDConfig | None = None, cold: bool = False) -> tuple[ClassRequest, torch.nn.Module, MemoryBank | None]:
+                ssd: SSDConfig | None = None, cold: bool = False,
+                on_round: Callable[[RoundInfo, torch.nn.Module], None] | None = None
+                ) -> tuple[ClassRequest, torch.nn.Module, MemoryBank | None]:
         """Run one request with `method` on the images; measured against the class `cls` (default: the
         pseudo-label). Returns the report, the edited model and (MUNKEY) the edited bank."""
         if method not in METHODS:
@@ -290,7 +295,7 @@ class ClassEditor:
         bank = None
         t0 = time.perf_counter()
         if uses_unact:
-            model, res = self.run_unact(images_u8, cfg)
+            model, res = self.run_unact(images_u8, cfg, on_round=on_round)
             pseudo = res.pseudo_label
             details.update(rounds=len(res.rounds), units=sum(len(r.selected) for r in res.rounds),
                            p=res.config.p, gamma=res.config.gamma, k=res.config.k)

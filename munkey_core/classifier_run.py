@@ -223,3 +223,19 @@ class ClassifierRun:
         return {"arch": self.arch, "dataset": c["dataset"], "profile": c["profile"], "classes": len(c["class_names"]),
                 "train_size": c.get("train_size"), "exclude_classes": c.get("exclude_classes", []),
                 "train_seconds": c.get("train_seconds")}
+
+
+def classifier_runs_in(*folders: str | Path) -> list[Path]:
+    """Classifier runs (ResNet-18 / ViT) directly inside the given folders, newest first."""
+    found: dict[Path, float] = {}
+    for folder in folders:
+        folder = Path(folder)
+        if not folder.is_dir():
+            continue
+        for cfg in folder.glob("*/config.json"):
+            try:
+                if read_json(cfg).get("kind") == "classifier":
+                    found[cfg.parent.resolve()] = cfg.stat().st_mtime
+            except (MunkeyError, OSError, ValueError):
+                continue  # not a readable run: not offered
+    return sorted(found, key=lambda p: -found[p])

@@ -61,13 +61,16 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
     dev = resolve_device(device)
     ds = data_mod.load_dataset(dataset, data_root, download=download, seed=train_cfg.seed,
                                max_train=train_cfg.max_train or None)
-    if exclude_classes:
-        ds = dataclasses.replace(ds, train=ds.train.subset(~np.isin(ds.train.labels, list(exclude_classes))),
-                                 val=ds.val.subset(~np.isin(ds.val.labels, list(exclude_classes))))
     enc = keys_mod.load_encoder(encoder, device=dev)
+    # keys of the whole splits (the cache the full run made is reused), then the class filter
     train_keys = keys_mod.cached_keys(enc, ds.train.images, ds.train.ids, dataset=ds.name, split="train",
                                       progress=progress)
     val_keys = keys_mod.cached_keys(enc, ds.val.images, ds.val.ids, dataset=ds.name, split="val", progress=progress)
+    if exclude_classes:
+        keep_tr = ~np.isin(ds.train.labels, list(exclude_classes))
+        keep_va = ~np.isin(ds.val.labels, list(exclude_classes))
+        ds = dataclasses.replace(ds, train=ds.train.subset(keep_tr), val=ds.val.subset(keep_va))
+        train_keys, val_keys = train_keys[keep_tr], val_keys[keep_va]
     model_cfg = with_overrides(prof.model, {**overrides, "in_chans": ds.channels, "num_classes": ds.num_classes})
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

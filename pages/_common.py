@@ -119,6 +119,18 @@ def _training_progress(job: TrainingJob) -> None:
         st.rerun(scope="app")
 
 
+def configured_token() -> str | None:
+    """The operator credential: $MUNKEY_OPERATOR_TOKEN, else `operator_token` in .streamlit/secrets.toml."""
+    token = os.environ.get("MUNKEY_OPERATOR_TOKEN")
+    if token:
+        return token
+    try:
+        value = st.secrets.get("operator_token")
+    except Exception:  # no secrets.toml at all, or an unreadable one
+        return None
+    return str(value) if value else None
+
+
 def fmt(value, digits: int = 2, suffix: str = "") -> str:
     """A number for display; em dash for None."""
     if value is None:

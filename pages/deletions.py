@@ -8,7 +8,6 @@ as refused. Uploaded images and ids files are processed in memory and never writ
 """
 
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -20,24 +19,13 @@ from munkey_core.images import decode_image
 from munkey_core.unlearn.keydelete import parse_ids
 from munkey_core.views import (check_credential, classify_ids, delete_and_measure, ids_from_bytes, metrics_table,
                                similar_training_samples)
-from pages._common import fmt, require_run, thumbnail_grid, user_errors
+from pages._common import configured_token, fmt, require_run, thumbnail_grid, user_errors
 
 PREVIEW_MAX = 24
 PER_ROW = 8
 
 run = require_run()
 names = run.class_names
-
-
-def configured_token() -> str | None:
-    token = os.environ.get("MUNKEY_OPERATOR_TOKEN")
-    if token:
-        return token
-    try:
-        value = st.secrets.get("operator_token")
-    except Exception:  # no secrets.toml at all, or an unreadable one
-        return None
-    return str(value) if value else None
 
 
 def show_summary(summary: dict) -> None:

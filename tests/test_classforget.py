@@ -136,3 +136,16 @@ def test_munkey_class_key_deletion_and_unact(tiny_run: Path, capsys) -> None:
     assert entries[-1]["operator"] == "alice" and len(entries[-1]["deleted"]) == row["keys_deleted"]
     keys_only, _, _ = ClassEditor(tiny_run, device="cpu").request("keys", ClassEditor(tiny_run, device="cpu").class_images(2, 20))
     assert keys_only.after.Af >= row["Af"]  # UnAct on the backbone adds to what key deletion alone does
+
+
+def test_munkey_class_oracle_is_trained_without_the_class(cache_dir, tmp_path: Path) -> None:
+    from munkey_core.service import MunkeyRun, train_run
+
+    run = train_run("digits", tmp_path / "o", profile="tiny", device="cpu", progress=False,
+                    overrides={"epochs": 1}, exclude_classes=[2])
+    assert run.config["exclude_classes"] == [2]
+    assert len(run.bank) and not np.any(run.bank.labels == 2)
+    full = run.split_keys("train")  # the keys of the whole split, from the same cache
+    rows = np.searchsorted(run.dataset.train.ids, run.bank.ids)
+    np.testing.assert_allclose(run.bank.keys.numpy(), full[rows], rtol=0, atol=0)
+    assert isinstance(MunkeyRun(tmp_path / "o", device="cpu").bank.ids, np.ndarray)

@@ -1,0 +1,106 @@
+"""Class unlearning as a background job for the dashboard: per-round Af/Ar, comparisons, keep/discard.
+
+`ClassUnlearnJob` runs one request (UnAct, or class key deletion and UnAct on a MUNKEY run) off the
+UI thread. After every UnAct round it measures Af and Ar on a small stratified probe of the test
+split (`PROBE` images), so a page can draw the curve while the job runs; then it measures the
+request on the editor's full test set and, when asked, the comparison methods (SSD and LFSSD on a
+classifier run; key deletion alone and UnAct alone on a MUNKEY run) on the same images.
+The edited model stays in memory until `keep` saves it as a new run (or the job is dropped).
+Tests: tests/test_classforget_job.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from munkey_core.classforget import ClassEditor, ClassRequest, _stratified_cap, class_metrics
+from munkey_core.errors import MunkeyError
+from munkey_core.jobs import BackgroundJob
+from munkey_core.memory import MemoryBank
+from munkey_core.unlearn.unact import RoundInfo, UnActConfig
+
+PROBE = 400
+
+
+def comparison_methods(editor: ClassEditor, method: str) -> list[str]:
+    """What a request with `method` is compared with on this kind of run."""
+    if editor.kind == "classifier":
+        return ["ssd", "lfssd"]
+    return [m for m in ("keys", "unact", "keys+unact") if m != method]
+
+
+class ClassUnlearnJob(BackgroundJob):
+    """One class request with live per-round accuracies; `rows` holds the request and its comparisons."""
+
+    name = "munkey-class-unlearning"
+    what = "Class unlearning"
+
+    def __init__(self, editor: ClassEditor, method: str, images_u8: np.ndarray, *, cls: int | None,
+                 cfg: UnActConfig, compare: bool = True) -> None:
+        super().__init__()
+        self.editor, self.method, self.images, self.cls, self.cfg = editor, method, images_u8, cls, cfg
+        self.compare = compare
+        self.probe = _stratified_cap(editor.dataset.test.labels, PROBE, seed=1)
+        self.reset()
+
+    def reset(self) -> None:
+        self.stage = "starting"
+        self.curve: list[dict] = []           # {"round", "Af", "Ar"} on the probe images
+        self.request: ClassRequest | None = None
+        self.model: torch.nn.Module | None = None
+        self.bank: MemoryBank | None = None
+        self.rows: list[dict] = []
+        self.saved: Path | None = None
+
+    @property
+    def fraction(self) -> float:
+        if self.state == "done":
+            return 1.0
+        done_rounds = max(0, len(self.curve) - 1)
+        share = 0.6 if self.compare else 0.9
+        return min(0.99, share * done_rounds / max(1, self.cfg.k))
+
+    def _probe_point(self, round_no: int, model: torch.nn.Module, bank: MemoryBank | None, cls: int) -> None:
+        ed = self.editor
+        pred = ed.predict_test(model, bank, index=self.probe)
+        m = class_metrics(pred, ed.dataset.test.labels[self.probe], cls, ed.num_classes)
+        self.curve.append({"round": round_no, "Af": m.Af, "Ar": m.Ar})
+
+    def task(self) -> None:
+        ed = self.editor
+        uses_unact = self.method in ("unact", "keys+unact")
+        cls = ed.pseudo_label(self.images) if self.cls is None else int(self.cls)
+        self.cls = cls
+        bank = ed.class_bank(cls)[0] if self.method.startswith("keys") else None
+        self.stage = "measuring the model before the request"
+        self._probe_point(0, ed.model, bank if self.method == "keys" else None, cls)
+        if uses_unact:
+            self.stage = "UnAct rounds"
+
+            def on_round(info: RoundInfo, model: torch.nn.Module) -> None:
+                self.stage = f"UnAct round {info.round} of {self.cfg.k}"
+                self._probe_point(info.round, model, bank, cls)
+
+            req, model, bank_out = ed.request(self.method, self.images, cls=cls, cfg=self.cfg, on_round=on_round)
+        else:
+            self.stage = f"{self.method}"
+            req, model, bank_out = ed.request(self.method, self.images, cls=cls, cfg=self.cfg)
+            self._probe_point(1, model, bank_out, cls)
+        self.request, self.model, self.bank = req, model, bank_out
+        self.rows = [req.as_row()]
+        if self.compare:
+            for other in comparison_methods(ed, self.method):
+                self.stage = f"comparing with {other}"
+                r, _, _ = ed.request(other, self.images, cls=cls, cfg=self.cfg)
+                self.rows.append(r.as_row())
+        self.stage = "done"
+
+    def keep(self, out: str | Path, operator: str | None = None) -> Path:
+        """Save the edited model as a new run (the original stays untouched)."""
+        if self.state != "done" or self.request is None or self.model is None:
+            raise MunkeyError("Nothing to keep yet: run the request and wait for it to finish.")
+        self.saved = self.editor.save(out, self.model, self.request, operator=operator)
+        return self.saved
