@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--p", type=float, default=None, help="UnAct percentile (default: the run's working point)")
     p.add_argument("--gamma", type=float, default=None)
     p.add_argument("--k", type=int, default=None)
+    p.add_argument("--munkey-p", type=float, default=99.0, help="UnAct p on the MUNKEY backbone (default 99)")
+    p.add_argument("--munkey-gamma", type=float, default=0.01, help="(default 0.01)")
+    p.add_argument("--munkey-k", type=int, default=20, help="(default 20)")
     p.add_argument("--one-round-p", type=float, default=90.0, help="p of the one-round request (default 90)")
     p.add_argument("--scores", default="activation,attribution", help="ResNet scorings to compare; the first is used "
                    "for few-shot and sequential rows")

@@ -137,7 +137,9 @@ class UnactBench:
                 for method in ("keys", "unact", "keys+unact"):
                     if method == "keys" and n:
                         continue  # key deletion does not use the images
-                    req, _, _ = ed.request(method, imgs, cls=c, cfg=self._cfg(ed, "attribution"))
+                    a = self.args
+                    cfg = UnActConfig(a.munkey_p, a.munkey_gamma, a.munkey_k)
+                    req, _, _ = ed.request(method, imgs, cls=c, cfg=cfg)
                     self._record("munkey full class" if not n else "munkey few-shot", "munkey", method, req)
                     bar.update(1)
 
@@ -246,6 +248,8 @@ class UnactBench:
         self.per_class_table("few-shot", "unact")
         self.sequential_table()
         if med is not None:
+            self.lines += [f"UnAct on the MUNKEY backbone: p {a.munkey_p:g}, gamma {a.munkey_gamma:g}, k {a.munkey_k} "
+                           "(image pathway scored with the null token; the bank is not read).", ""]
             self.table("munkey full class", "MUNKEY run: class key deletion, UnAct on the backbone, both (full class)")
             self.table("munkey few-shot", "MUNKEY run: n = 5 images")
         text = "\n".join(self.lines)
