@@ -311,3 +311,28 @@ class TrainingJob(BackgroundJob):
         if self._thread is not None:
             self._thread.join(timeout)
         return self.state
+
+
+class DeletionJob(BackgroundJob):
+    """One audited deletion with its before/after evaluation (`delete_and_measure`), off the UI thread:
+    the page polls `stage` and `fraction` while the evaluation runs and shows `summary` when done."""
+
+    name = "munkey-deletion"
+    what = "The deletion"
+
+    def __init__(self, run: MunkeyRun, ids: Sequence[int], *, operator: str, subject: str | None = None,
+                 max_samples: int = 2000) -> None:
+        super().__init__()
+        self.run, self.ids, self.operator, self.subject = run, [int(i) for i in ids], operator, subject
+        self.max_samples = max_samples
+        self.reset()
+
+    def reset(self) -> None:
+        self.stage, self.fraction, self.summary = "starting", 0.0, None
+
+    def _progress(self, stage: str, fraction: float) -> None:
+        self.stage, self.fraction = stage, min(1.0, max(0.0, float(fraction)))
+
+    def task(self) -> None:
+        self.summary = delete_and_measure(self.run, self.ids, operator=self.operator, subject=self.subject,
+                                          max_samples=self.max_samples, progress=self._progress)

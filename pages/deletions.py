@@ -17,7 +17,7 @@ from munkey_core.auditviews import refuse_unauthorised
 from munkey_core.errors import MunkeyError
 from munkey_core.images import decode_image
 from munkey_core.unlearn.keydelete import parse_ids
-from munkey_core.views import (check_credential, classify_ids, delete_and_measure, ids_from_bytes, metrics_table,
+from munkey_core.views import (DeletionJob, check_credential, classify_ids, ids_from_bytes, metrics_table,
                                similar_training_samples)
 from pages._common import configured_token, fmt, require_run, thumbnail_grid, user_errors
 
@@ -69,6 +69,29 @@ def show_summary(summary: dict) -> None:
                          file_name="deletion_summary.json", mime="application/json", key="download_summary")
     st.caption(summary.get("oracle_note") or "")
 
+
+JOB_KEY = "deletion_job"
+
+
+@st.fragment(run_every=1.0)
+def _deletion_progress(job: DeletionJob) -> None:
+    with st.status(f"Deleting and measuring: {job.stage}", state="running", expanded=True):
+        st.progress(job.fraction, text=f"{job.elapsed:.0f} s")
+        st.caption("The samples are deleted in milliseconds; the evaluation before and after (TA, RA, FA, MIA, Ps "
+                   "and the retrieval check) takes longer. The page stays usable.")
+    if job.state != "running":
+        st.rerun(scope="app")
+
+
+# A deletion finished in the background: keep its summary, drop the job (before anything is drawn, so the
+# preview below already reflects the bank as it is now).
+_job = st.session_state.get(JOB_KEY)
+if _job is not None and _job.state == "done":
+    st.session_state["deletion_summary"] = _job.summary
+    del st.session_state[JOB_KEY]
+elif _job is not None and _job.state == "failed":
+    st.error(_job.error or "The deletion failed.", icon=":material/error:")
+    del st.session_state[JOB_KEY]
 
 st.title("Deletion requests")
 st.write("Select the training samples a request names, check them, and delete them from the model's memory. "
@@ -162,13 +185,14 @@ if st.button(f"Delete {n} sample(s)", type="primary", key="delete", disabled=not
         st.error("Not authorised: the operator credential is missing or wrong. Nothing was deleted"
                  + (f"; the attempt is recorded as refused request {rid}." if rid else "."))
     else:
-        bar = st.progress(0.0, text="Deleting...")
         with user_errors():
-            summary = delete_and_measure(run, ids, operator=operator.strip(), subject=subject.strip() or None,
-                                         progress=lambda stage, frac: bar.progress(min(1.0, frac), text=stage))
-            st.session_state["deletion_summary"] = summary
-            st.rerun()  # redraw the preview and the counts from the bank as it is now
-        bar.empty()
+            job = DeletionJob(run, ids, operator=operator.strip(), subject=subject.strip() or None)
+            st.session_state[JOB_KEY] = job
+            st.session_state.pop("deletion_summary", None)
+            job.start()
+            st.rerun()
 
-if "deletion_summary" in st.session_state:
+if st.session_state.get(JOB_KEY) is not None and st.session_state[JOB_KEY].state == "running":
+    _deletion_progress(st.session_state[JOB_KEY])
+elif "deletion_summary" in st.session_state:
     show_summary(st.session_state["deletion_summary"])

@@ -107,7 +107,12 @@ def test_operator_deletes_and_sees_metrics(tiny_run: Path, monkeypatch: pytest.M
     assert not at.button(key="delete").disabled
     at.button(key="delete").click().run()
     assert not at.exception, [e.value for e in at.exception]
+    job = at.session_state["deletion_job"]  # the deletion and its evaluation run off the script thread
+    assert job.wait(120) == "done", job.error
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+    assert "deletion_job" not in at.session_state
     bank1 = MemoryBank.load(tiny_run / "bank.npz")
     assert len(bank1) == len(bank0) - 6 and not set(ids) & set(bank1.ids.tolist())
     table = at.dataframe[0].value  # before/after metrics

@@ -124,6 +124,12 @@ def test_screenshots_of_every_page(server: str, screens_run: Path, shots_dir: Pa
         page.get_by_text("Preview").first.wait_for(timeout=60_000)
         _shoot(page, shots_dir / "deletions.png")
 
+        _goto(page, "Class unlearning", "Class unlearning")
+        page.get_by_role("button", name="Run the request").click()
+        page.get_by_text("Result: class").wait_for(timeout=180_000)
+        page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
+        _shoot(page, shots_dir / "class_unlearning.png")
+
         _goto(page, "Audit log", "Audit log")
         _shoot(page, shots_dir / "audit.png")
 
@@ -140,5 +146,6 @@ def test_screenshots_of_every_page(server: str, screens_run: Path, shots_dir: Pa
             page.get_by_text("Selected:").wait_for(timeout=60_000)
         _shoot(page, shots_dir / "embeddings_selection.png")
         browser.close()
-    for name in ("overview", "evidence", "deletions", "audit", "embeddings", "embeddings_selection"):
+    for name in ("overview", "evidence", "deletions", "class_unlearning", "audit", "embeddings",
+                 "embeddings_selection"):
         assert (shots_dir / f"{name}.png").stat().st_size > 10_000, name
