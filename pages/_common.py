@@ -131,6 +131,23 @@ def configured_token() -> str | None:
     return str(value) if value else None
 
 
+IMAGE_TYPES = ["png", "jpg", "jpeg", "bmp", "tif", "tiff", "npy"]
+
+
+def decoded_uploads(files) -> list[tuple[str, object]]:
+    """(name, image) for each readable uploaded file, decoded in memory; an unreadable one shows its
+    error and is skipped (the page keeps working)."""
+    from munkey_core.images import decode_image
+
+    out = []
+    for f in files or []:
+        try:
+            out.append((f.name, decode_image(f.getvalue(), f.name)))
+        except MunkeyError as exc:
+            st.error(str(exc), icon=":material/error:")
+    return out
+
+
 def fmt(value, digits: int = 2, suffix: str = "") -> str:
     """A number for display; em dash for None."""
     if value is None:

@@ -18,10 +18,10 @@ from munkey_core.classforget import ClassEditor
 from munkey_core.classforget_job import ClassUnlearnJob
 from munkey_core.classifier_run import RESNET_PROFILES, classifier_runs_in, train_classifier_run
 from munkey_core.errors import MunkeyError
-from munkey_core.images import decode_image
 from munkey_core.unlearn.unact import UnActConfig
 from munkey_core.views import TrainingJob, check_credential
-from pages._common import ROOT, configured_token, fmt, require_run, run_dir, user_errors
+from pages._common import (IMAGE_TYPES, ROOT, configured_token, decoded_uploads, fmt, require_run, run_dir,
+                           user_errors)
 
 JOB_KEY = "class_job"
 run = require_run()
@@ -114,14 +114,9 @@ if source == "A class of the training data":
         images = editor.class_images(int(cls), int(n))
 else:
     files = st.file_uploader("Images of the class to forget (PNG, JPEG, BMP, TIFF or NPY)", accept_multiple_files=True,
-                             type=["png", "jpg", "jpeg", "bmp", "tif", "tiff", "npy"], key="class_upload",
+                             type=IMAGE_TYPES, key="class_upload",
                              help="Processed in memory, never written to disk. The class is the model's own vote.")
-    decoded = []
-    for f in files or []:
-        try:
-            decoded.append(decode_image(f.getvalue(), f.name))
-        except MunkeyError as exc:
-            st.error(str(exc), icon=":material/error:")
+    decoded = [img for _, img in decoded_uploads(files)]
     if decoded:
         with user_errors():
             images = editor.prepare(decoded)

@@ -14,12 +14,11 @@ import pandas as pd
 import streamlit as st
 
 from munkey_core.auditviews import refuse_unauthorised
-from munkey_core.errors import MunkeyError
-from munkey_core.images import decode_image
 from munkey_core.unlearn.keydelete import parse_ids
 from munkey_core.views import (DeletionJob, check_credential, classify_ids, ids_from_bytes, metrics_table,
                                similar_training_samples)
-from pages._common import configured_token, fmt, require_run, thumbnail_grid, user_errors
+from pages._common import (IMAGE_TYPES, configured_token, decoded_uploads, fmt, require_run, thumbnail_grid,
+                           user_errors)
 
 PREVIEW_MAX = 24
 PER_ROW = 8
@@ -122,16 +121,11 @@ elif method == "Upload an ids file":
             ids = ids_from_bytes(f.getvalue(), f.name)
 else:
     imgs = st.file_uploader("Image(s) of the person or object (PNG, JPEG, BMP, TIFF or NPY)",
-                            type=["png", "jpg", "jpeg", "bmp", "tif", "tiff", "npy"], accept_multiple_files=True,
+                            type=IMAGE_TYPES, accept_multiple_files=True,
                             key="query_images", help="Processed in memory and never written to disk.")
     top_n = st.number_input("How many of the most similar training samples", 1, max(1, len(run.bank)),
                             min(10, max(1, len(run.bank))), key="top_n")
-    decoded = []
-    for f in imgs or []:
-        try:
-            decoded.append(decode_image(f.getvalue(), f.name))
-        except MunkeyError as exc:
-            st.error(str(exc), icon=":material/error:")
+    decoded = [img for _, img in decoded_uploads(imgs)]
     if decoded:
         with user_errors():
             similar_rows = similar_training_samples(run, decoded, int(top_n))

@@ -7,11 +7,9 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from munkey_core.errors import MunkeyError
-from munkey_core.images import decode_image
 from munkey_core.predict import MODES
 from munkey_core.views import display_image, evidence_rows, predict_test_sample, training_images
-from pages._common import require_run, user_errors
+from pages._common import IMAGE_TYPES, decoded_uploads, require_run, user_errors
 
 MODE_LABELS = {"ensemble": "Ensemble (default: K forwards, weighted)",
                "softmax_fusion": "Softmax fusion (one forward, weighted mean exemplar)",
@@ -75,15 +73,10 @@ def show_prediction(title: str, image, preds, i: int, true_label: int | None = N
 
 if source == "Upload images":
     files = st.file_uploader("Images (PNG, JPEG, BMP, TIFF or NPY; gray or RGB; any size)",
-                             type=["png", "jpg", "jpeg", "bmp", "tif", "tiff", "npy"],
+                             type=IMAGE_TYPES,
                              accept_multiple_files=True, key="uploads")
-    images, titles = [], []
-    for f in files or []:
-        try:
-            images.append(decode_image(f.getvalue(), f.name))
-            titles.append(f.name)
-        except MunkeyError as exc:
-            st.error(str(exc), icon=":material/error:")
+    decoded = decoded_uploads(files)
+    titles, images = [n for n, _ in decoded], [img for _, img in decoded]
     if not files:
         st.info("Upload one or more images to see the prediction and its evidence.")
     if images:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from munkey_core.classforget import ClassEditor
 from munkey_core.errors import MunkeyError
-from munkey_core.unlearn.ssd import SSDConfig, cached_importance, dampen, importance
+from munkey_core.unlearn.ssd import cached_importance, dampen, importance
 
 
 def test_dampen_rule_on_hand_made_importances() -> None:

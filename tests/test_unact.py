@@ -4,7 +4,6 @@ and clear errors that leave the model unchanged (on tiny models trained on the r
 from __future__ import annotations
 
 import builtins
-import copy
 import math
 
 import numpy as np

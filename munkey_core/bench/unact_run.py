@@ -15,7 +15,6 @@ from tqdm.auto import tqdm
 
 from munkey_core.classforget import ClassEditor, ClassRequest
 from munkey_core.errors import MunkeyError
-from munkey_core.unlearn.ssd import SSDConfig
 from munkey_core.unlearn.unact import UnActConfig
 
 COLUMNS = ("section", "model", "method", "class", "n", "Af", "Ar", "Af_oracle", "Ar_oracle", "Delta", "seconds")
