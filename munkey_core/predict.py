@@ -85,7 +85,7 @@ def neighbour_weights(sims: torch.Tensor, tau: float, mode: str) -> torch.Tensor
 def predict(model: MunkeyViT, bank: MemoryBank, images: torch.Tensor, query_keys: torch.Tensor | np.ndarray,
             *, k: int, tau: float, mode: str = "ensemble", pathway: str = "both",
             exclude: Sequence[Sequence[int]] | None = None, neighbour_predictions: bool = True,
-            batch_size: int = 256) -> Predictions:
+            batch_size: int | None = None) -> Predictions:
     """Predict preprocessed `images` (B, C, S, S) whose keys are `query_keys` (B, Dk).
 
     `exclude[i]` lists ids image i may not retrieve (used to evaluate a training sample as if its
@@ -99,6 +99,8 @@ def predict(model: MunkeyViT, bank: MemoryBank, images: torch.Tensor, query_keys
         raise MunkeyError(f"K must be at least 1 (got {k}).")
     model.eval()
     device = next(model.parameters()).device
+    if batch_size is None:  # ~256 sequences per call on CPU: within K plain forwards (docs/performance.md)
+        batch_size = 256 if device.type == "cuda" else max(1, 256 // k)
     q = torch.as_tensor(query_keys, dtype=torch.float32)
     parts = []
     for start in range(0, len(images), batch_size):

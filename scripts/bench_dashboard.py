@@ -95,6 +95,16 @@ def measure(bench: Bench, repeats: int, png: bytes) -> tuple[list[tuple[str, lis
         at.run()
     long_jobs["Embeddings: UMAP maps cold (background job, progress shown)"] = time.perf_counter() - t0
 
+    t0 = time.perf_counter()  # Class unlearning: one request with its comparisons, as a background job
+    at = bench.page("class_unlearning")
+    at.button(key="class_run").click().run()
+    job = at.session_state["class_job"]
+    if job.wait(bench.timeout) != "done":
+        raise RuntimeError(f"the class request failed: {job.error}")
+    at.run()
+    long_jobs["Class unlearning: keys + UnAct request, 2 comparisons (background job, per-round chart)"] = \
+        time.perf_counter() - t0
+
     for r in range(repeats):
         at = bench.new()
         add("Overview: open (model card, charts)", bench.timed(at, at.run))
@@ -113,6 +123,10 @@ def measure(bench: Bench, repeats: int, png: bytes) -> tuple[list[tuple[str, lis
         at.text_area(key="ids_text").input(", ".join(map(str, ids)))
         add("Deletion requests: preview 8 typed ids", bench.timed(at, at.run))
         add("Audit log: open page", bench.timed(at, lambda: at.switch_page("pages/audit.py").run()))
+        add("Class unlearning: open page",
+            bench.timed(at, lambda: at.switch_page("pages/class_unlearning.py").run()))
+        at.selectbox(key="class_pick").set_value(1 + r)
+        add("Class unlearning: pick a class (loads its images)", bench.timed(at, at.run))
         add("Embeddings: open page (warm cache)",
             bench.timed(at, lambda: at.switch_page("pages/embeddings.py").run()))
         figure = at.get("plotly_chart")[0]
