@@ -225,7 +225,8 @@ class UnactBench:
             for e in [ed] + ([med] if med else []):
                 for c in self.classes:
                     e.train_oracle(c)
-        per_class = (4 + len(self.scores) + len([s for s in self.shots if s])) * len(self.classes)
+        n_scores = len(self.scores) if ed.arch == "resnet18" else 1
+        per_class = (5 + n_scores + len([s for s in self.shots if s])) * len(self.classes)
         total = per_class + (0 if a.no_sequential else len(self.classes)) + (5 * len(self.classes) if med else 0)
         with tqdm(total=total, desc="bench unact", unit="request", dynamic_ncols=True) as bar:
             self.classifier_sections(ed, bar)
