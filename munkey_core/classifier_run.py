@@ -127,8 +127,9 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
                          exclude_classes: Sequence[int] = (), data_root: str | Path | None = None,
                          download: bool = False, device: str = "auto", overrides: dict | None = None,
                          progress: bool = True, on_epoch: Callable[[dict], None] | None = None,
-                         extra_config: dict | None = None) -> "ClassifierRun":
-    """Train a ResNet-18 or plain ViT on a registry dataset (optionally without some classes) into `out`."""
+                         extra_config: dict | None = None, exclude_ids: Sequence[int] = ()) -> "ClassifierRun":
+    """Train a ResNet-18 or plain ViT on a registry dataset into `out`, optionally without some classes
+    (a class oracle) or without some training sample ids (a random-forgetting oracle, a reference model)."""
     out = Path(out)
     if (out / "config.json").exists():
         raise MunkeyError(f"{out} already holds a run. Choose another --out, or delete that directory first.")
@@ -141,6 +142,8 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
         raise MunkeyError(f"Class(es) {bad} do not exist in {ds.name} (classes 0-{ds.num_classes - 1}).")
     cfg, train_cfg, prof_name = classifier_recipe(arch, profile, ds.num_classes, ds.channels, overrides)
     keep_train = ~np.isin(ds.train.labels, list(exclude_classes))
+    if len(exclude_ids):
+        keep_train &= ~np.isin(ds.train.ids, np.asarray(list(exclude_ids), dtype=np.int64))
     keep_val = ~np.isin(ds.val.labels, list(exclude_classes))
     t0 = time.perf_counter()
     model, history = train_classifier(cfg, train_cfg, ds.train.images[keep_train], ds.train.labels[keep_train],
@@ -155,7 +158,8 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
         "data_root": None if data_root is None else str(Path(data_root).resolve()),
         "class_names": list(ds.class_names), "image_shape": list(ds.image_shape), "channels": ds.channels,
         "profile": prof_name, "classifier": asdict(cfg), "train": asdict(train_cfg),
-        "exclude_classes": sorted(int(c) for c in exclude_classes), "train_size": int(keep_train.sum()),
+        "exclude_classes": sorted(int(c) for c in exclude_classes), "excluded_ids": len(exclude_ids),
+        "train_size": int(keep_train.sum()),
         "train_seconds": round(seconds, 1), "device": str(dev), **(extra_config or {}),
     })
     return ClassifierRun(out, device=device)

@@ -48,10 +48,12 @@ def _now() -> str:
 def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: str = keys_mod.DEFAULT_ENCODER,
               data_root: str | Path | None = None, download: bool = False, device: str = "auto",
               overrides: dict | None = None, keep_checkpoints: int = 10, progress: bool = True,
-              on_epoch: Callable[[dict], None] | None = None, exclude_classes: Sequence[int] = ()) -> "MunkeyRun":
+              on_epoch: Callable[[dict], None] | None = None, exclude_classes: Sequence[int] = (),
+              exclude_ids: Sequence[int] = ()) -> "MunkeyRun":
     """Train a MUNKEY model on a registry dataset and write a run directory at `out`.
 
-    `exclude_classes` leaves those classes out of training entirely (a class oracle)."""
+    `exclude_classes` leaves those classes out of training entirely (a class oracle); `exclude_ids`
+    leaves those training samples out (a random-forgetting oracle: the same recipe on the retain set)."""
     out = Path(out)
     if (out / "config.json").exists():
         raise MunkeyError(f"{out} already holds a run. Choose another --out, or delete that directory first.")
@@ -71,6 +73,10 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
         keep_va = ~np.isin(ds.val.labels, list(exclude_classes))
         ds = dataclasses.replace(ds, train=ds.train.subset(keep_tr), val=ds.val.subset(keep_va))
         train_keys, val_keys = train_keys[keep_tr], val_keys[keep_va]
+    if len(exclude_ids):
+        keep_ids = ~np.isin(ds.train.ids, np.asarray(list(exclude_ids), dtype=np.int64))
+        ds = dataclasses.replace(ds, train=ds.train.subset(keep_ids))
+        train_keys = train_keys[keep_ids]
     model_cfg = with_overrides(prof.model, {**overrides, "in_chans": ds.channels, "num_classes": ds.num_classes})
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -91,7 +97,7 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
         "class_names": list(ds.class_names), "image_shape": list(ds.image_shape), "channels": ds.channels,
         "encoder": enc.describe(), "profile": prof.name, "model": asdict(model_cfg), "train": asdict(train_cfg),
         "train_size": len(ds.train), "train_seconds": round(seconds, 1), "device": str(dev),
-        "exclude_classes": sorted(int(c) for c in exclude_classes),
+        "exclude_classes": sorted(int(c) for c in exclude_classes), "excluded_ids": len(exclude_ids),
     })
     return MunkeyRun(out, device=device)
 
