@@ -104,6 +104,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run")
     p.add_argument("--max-samples", type=int, default=2000, help="cap per evaluated set (0 = all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--oracle", action="store_true", help="compare with the M-oracle (the run's recipe retrained "
+                   "without the current forget set; trained and cached in RUN/oracles/ on first use): gaps, Avg Gap")
     p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true")
 
@@ -128,9 +130,9 @@ def _add_unact(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", default="unact", choices=["unact", "ssd", "lfssd", "keys", "keys+unact"],
                    help="unact (default); ssd / lfssd (classifier runs); keys = delete every key of the class, "
                    "keys+unact = both (MUNKEY runs)")
-    p.add_argument("--p", type=float, default=None, help="percentile of units dampened each round (ResNet 99, ViT 85)")
-    p.add_argument("--gamma", type=float, default=None, help="damping factor in (0, 1) (ResNet 0.01, ViT 0.1)")
-    p.add_argument("--k", type=int, default=None, help="rounds (ResNet 20, ViT 5)")
+    p.add_argument("--p", type=float, default=None, help="percentile of units dampened each round (ResNet 99, ViT 85, MUNKEY backbone 99)")
+    p.add_argument("--gamma", type=float, default=None, help="damping factor in (0, 1) (ResNet 0.01, ViT 0.1, MUNKEY 0.01)")
+    p.add_argument("--k", type=int, default=None, help="rounds (ResNet 20, ViT 5, MUNKEY 20)")
     p.add_argument("--score", default="activation", choices=["activation", "attribution"],
                    help="ResNet unit score: activation (the paper's mean post-ReLU activation, default) or "
                    "attribution (activation x the channel's weight towards the class logit; ViTs always use it)")
@@ -270,6 +272,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from munkey_core.service import MunkeyRun
 
     run = MunkeyRun(args.run, device=args.device)
+    if args.oracle:
+        from munkey_core.oracles import evaluate_against_oracle
+
+        r = evaluate_against_oracle(run, max_samples=args.max_samples, seed=args.seed, progress=not args.json)
+        rows = [(name, r[key]) for name, key in (("run", "run"), ("M-oracle", "oracle"))]
+        text = "\n".join(f"{name:<9} TA {_fmt(m['TA'])}  RA {_fmt(m['RA'])}  FA {_fmt(m['FA'])}  MIA {_fmt(m['MIA'])}"
+                         for name, m in rows)
+        text += (f"\n{'gap':<9} TA {_fmt(r['gap_TA'])}  RA {_fmt(r['gap_RA'])}  FA {_fmt(r['gap_FA'])}  "
+                 f"MIA {_fmt(r['gap_MIA'])}  -> Avg Gap {_fmt(r['AvgGap'])}\n(forget set {r['forget_set']}: "
+                 f"{r['n_forget']} ids; oracle {r['oracle_path']}; MIA: {r['MIA_attack']})")
+        _emit(r, args.json, text)
+        return 0
     m = run.evaluate(max_samples=args.max_samples, seed=args.seed)
     text = (f"TA {_fmt(m['TA'])}  RA {_fmt(m['RA'])}  FA {_fmt(m['FA'])}  MIA {_fmt(m['MIA'])}  Ps {_fmt(m['Ps'], 3)}"
             f"\n(n_test {m['n_test']}, n_retain {m['n_retain']}, n_forget {m['n_forget']}; bank {m['bank_size']}, "

@@ -1,0 +1,65 @@
+"""Random-forgetting oracles on a real tiny digits run: retrained without the forget set, cached, compared."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from munkey_core import data as data_mod
+from munkey_core.cli import main
+from munkey_core.errors import MunkeyError
+from munkey_core.oracles import eval_sets, forget_tag, gaps, oracle_path
+
+
+def test_forget_tag_names_the_set_not_its_order() -> None:
+    assert forget_tag([3, 1, 2]) == forget_tag([1, 2, 3])
+    assert forget_tag([1, 2, 3]) != forget_tag([1, 2, 4])
+    p = oracle_path("RUN", [1, 2], "munkey")
+    assert p.parent == Path("RUN/oracles") and p.name.startswith("random_") and p.name.endswith("_munkey")
+    assert oracle_path("RUN", [1, 2], "vit").name.endswith("_vit")
+    with pytest.raises(MunkeyError):
+        oracle_path("RUN", [1], "resnet")
+
+
+def test_eval_sets_split_retain_and_forget() -> None:
+    ds = data_mod.load_dataset("digits", seed=0)
+    forget = ds.train.ids[:50]
+    s = eval_sets(ds, forget, max_samples=0, also_deleted=ds.train.ids[50:60])
+    assert np.array_equal(ds.train.ids[s.forget], forget)
+    assert len(s.retain) == len(ds.train) - 60 and not np.isin(ds.train.ids[s.retain], ds.train.ids[:60]).any()
+    assert len(s.test) == len(ds.test)
+    capped = eval_sets(ds, forget, max_samples=20, seed=1)
+    assert len(capped.retain) == len(capped.forget) == len(capped.test) == 20
+
+
+def test_gaps_hand_case() -> None:
+    g = gaps({"TA": 90, "RA": 99, "FA": 80, "MIA": 55}, {"TA": 91, "RA": 99, "FA": 84, "MIA": 50})
+    assert g["gap_TA"] == 1 and g["gap_FA"] == 4 and g["AvgGap"] == pytest.approx(2.5)
+    assert gaps({"TA": 1, "RA": 1, "FA": None, "MIA": None}, {"TA": 1, "RA": 1, "FA": 1, "MIA": 50})["AvgGap"] is None
+
+
+def test_evaluate_oracle_trains_once_and_reports_gaps(tiny_run: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["evaluate", str(tiny_run), "--oracle", "--json"]) == 2  # nothing deleted yet
+    assert "Nothing has been deleted" in capsys.readouterr().err
+    assert main(["forget", str(tiny_run), "--random-fraction", "0.1", "--seed", "0", "--operator", "t",
+                 "--no-evaluate", "--json"]) == 0
+    deleted = json.loads(capsys.readouterr().out)["deleted"]
+    assert main(["evaluate", str(tiny_run), "--oracle", "--json", "--max-samples", "0"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    oracle = Path(first["oracle_path"])
+    assert first["oracle_trained"] and oracle == oracle_path(tiny_run, deleted, "munkey")
+    cfg = json.loads((oracle / "config.json").read_text())
+    assert cfg["excluded_ids"] == len(deleted) and cfg["train_size"] == first["n_retain"]
+    with np.load(oracle / "bank.npz") as bank:  # the oracle never saw a forget-set sample
+        assert not np.isin(bank["ids"], deleted).any()
+    assert first["n_forget_evaluated"] == len(deleted)
+    g = [first[f"gap_{k}"] for k in ("TA", "RA", "FA", "MIA")]
+    assert first["AvgGap"] == pytest.approx(sum(g) / 4)
+    assert first["gap_TA"] == pytest.approx(abs(first["run"]["TA"] - first["oracle"]["TA"]))
+    # the same forget set again: the cached oracle, the same numbers
+    assert main(["evaluate", str(tiny_run), "--oracle", "--json", "--max-samples", "0"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert not second["oracle_trained"] and second["oracle"] == first["oracle"] and second["run"] == first["run"]
