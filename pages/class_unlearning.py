@@ -194,6 +194,8 @@ token = configured_token()
 given = st.text_input("Operator credential", type="password", key="class_credential", disabled=token is None)
 operator = st.text_input("Operator name", key="class_operator")
 default_out = job.editor.root.parent / f"{job.editor.root.name}_{job.method.replace('+', '_')}_c{req.cls}"
+if default_out.is_relative_to(Path.cwd()):  # show what the user would type
+    default_out = default_out.relative_to(Path.cwd())
 out = st.text_input("New run directory", str(default_out), key="class_out")
 c = st.columns(2)
 allowed = check_credential(given, token) and bool(operator.strip())
