@@ -1,0 +1,90 @@
+"""Post-hoc random-forgetting baselines on a conventional classifier (the plain ViT), timed.
+
+`run_posthoc(method, model, ...)` edits a *copy* of the model and returns it with its forgetting
+time (seconds of the method itself, evaluation excluded). Methods (the MUNKEY paper's baselines):
+- `neggrad+` (neggrad.py), `scrub` (scrub.py): fine-tuning on retain and forget data;
+- `ssd` (ssd.py): Selective Synaptic Dampening with I_f on the forget set and I_D on the whole
+  training set (retain + forget, as SSD defines it), alpha 5 for ViTs, lambda 1; I_D is computed
+  inside the timed part (a "cold" request);
+- `amnesiac` (Graves et al. 2021): the forget samples get random wrong labels and the model is
+  fine-tuned for one epoch on them together with the retain set (AdamW lr 1e-4, batch 64).
+All need labels and backprop; NegGrad+, SCRUB and Amnesiac also need the retain data.
+Tests: tests/test_posthoc.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from munkey_core.errors import MunkeyError
+from munkey_core.unlearn.finetune import Labelled, ToInput, adamw, batch_of, batches
+
+METHODS = ("neggrad+", "scrub", "ssd", "amnesiac")
+
+
+@dataclass
+class PosthocResult:
+    method: str
+    model: nn.Module
+    seconds: float
+    details: dict = field(default_factory=dict)
+
+
+def amnesiac(model: nn.Module, to_input: ToInput, forget: Labelled, retain: Labelled, num_classes: int, *,
+             epochs: int = 1, lr: float = 1e-4, batch_size: int = 64, seed: int = 0) -> None:
+    """Amnesiac unlearning in place: relabel the forget set at random (never its true class), then
+    fine-tune on it together with the retain set."""
+    rng = np.random.default_rng(seed)
+    wrong = (forget[1] + rng.integers(1, num_classes, len(forget[1]))) % num_classes  # (Nf,), != true label
+    data = (np.concatenate([retain[0], forget[0]]), np.concatenate([retain[1], wrong]))
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    opt = adamw(model, lr)
+    model.train()
+    for _ in range(epochs):
+        for rows in batches(len(data[1]), batch_size, gen):
+            x, y = batch_of(data, rows, to_input, device)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    model.eval()
+
+
+def run_posthoc(method: str, model: nn.Module, to_input: ToInput, forget: Labelled, retain: Labelled, *,
+                num_classes: int, seed: int = 0) -> PosthocResult:
+    """Apply `method` to a copy of `model`; the original is left untouched."""
+    if method not in METHODS:
+        raise MunkeyError(f"Unknown post-hoc method '{method}'; choose one of: {', '.join(METHODS)}.")
+    if len(forget[1]) == 0:
+        raise MunkeyError("The forget set is empty; there is nothing to unlearn.")
+    work = copy.deepcopy(model).eval()
+    details: dict = {}
+    t0 = time.perf_counter()
+    if method == "neggrad+":
+        from munkey_core.unlearn.neggrad import NegGradConfig, neggrad_plus
+
+        neggrad_plus(work, to_input, forget, retain, NegGradConfig(seed=seed))
+    elif method == "scrub":
+        from munkey_core.unlearn.scrub import SCRUBConfig, scrub
+
+        scrub(work, to_input, forget, retain, SCRUBConfig(seed=seed))
+    elif method == "ssd":
+        from munkey_core.unlearn.ssd import SSDConfig, dampen, importance
+
+        cfg = SSDConfig(method="ssd", alpha=5.0, lam=1.0)
+        full = (np.concatenate([retain[0], forget[0]]), np.concatenate([retain[1], forget[1]]))
+        i_d = importance(work, to_input, full[0], full[1], "ssd", cfg.batch_size)
+        i_f = importance(work, to_input, forget[0], forget[1], "ssd", cfg.batch_size)
+        details["dampened"] = dampen(work, i_f, i_d, cfg.alpha, cfg.lam)
+        work.zero_grad(set_to_none=True)
+    else:
+        amnesiac(work, to_input, forget, retain, num_classes, seed=seed)
+    return PosthocResult(method, work.eval(), time.perf_counter() - t0, details)
