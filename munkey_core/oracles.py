@@ -24,7 +24,7 @@ import torch
 
 from munkey_core.errors import MunkeyError
 from munkey_core.metrics import GAP_KEYS, MIA_CHEAP, accuracy, avg_gap
-from munkey_core.mia import StrongAttack, cheap_mia
+from munkey_core.mia import MIA_STRONG, StrongAttack, cheap_mia
 from munkey_core.storage import atomic_write_json, read_json
 
 ORACLE_DIR = "oracles"
@@ -138,7 +138,7 @@ def measure(score: Scorer, ds, sets: EvalSets, strong: StrongAttack | None = Non
         if strong is None:
             out["MIA"], out["MIA_attack"] = cheap_mia(fgt_p, fy, test_p, ty), MIA_CHEAP
         else:
-            out["MIA"], out["MIA_attack"] = strong.auc(fgt_p, test_p), "strong"
+            out["MIA"], out["MIA_attack"] = strong.auc(fgt_p, test_p), MIA_STRONG
     return out
 
 

@@ -15,6 +15,7 @@ from types import ModuleType
 BENCHMARKS: dict[str, str] = {
     "perf": ".perf",
     "unact": ".unact",
+    "fidelity": ".fidelity",
 }
 
 

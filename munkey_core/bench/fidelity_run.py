@@ -1,0 +1,190 @@
+"""The work behind `munkey bench fidelity` (see bench/fidelity.py for what it measures)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from munkey_core.bench.unact_run import _mean_sd
+from munkey_core.errors import MunkeyError
+from munkey_core.storage import atomic_write_json, read_json
+
+COLUMNS = ("rate", "seed", "method", "oracle", "TA", "RA", "FA", "MIA", "AvgGap", "seconds", "MIA_attack")
+TABLE = ("TA", "RA", "FA", "MIA", "AvgGap", "seconds")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        vals = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise MunkeyError(f"--rates expects comma-separated fractions such as 0.1,0.02, got {text!r}.") from None
+    if not vals or not all(0 < v < 1 for v in vals):
+        raise MunkeyError(f"--rates must be fractions between 0 and 1 (exclusive), got {text!r}.")
+    return vals
+
+
+class FidelityBench:
+    """Trains what is missing, measures every cell (rate x seed), writes the tables."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from munkey_core.unlearn.posthoc import METHODS
+
+        self.args = args
+        self.rates = _floats(args.rates)
+        if args.seeds < 1:
+            raise MunkeyError("--seeds must be at least 1.")
+        self.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise MunkeyError(f"Unknown method(s) {bad}; choose from: {', '.join(METHODS)}.")
+        self.work = Path(args.work) / f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}"
+        self.trained = 0  # models trained by this invocation (0 on a full resume)
+
+    # ----- models ---------------------------------------------------------------------------
+    def _overrides(self, seed: int) -> dict:
+        return {"seed": seed, "epochs": self.args.epochs}
+
+    def _originals(self, seed: int):
+        """(MUNKEY run, ViT classifier run) of this seed, trained when missing."""
+        from munkey_core import keys
+        from munkey_core.classifier_run import ClassifierRun, train_classifier_run
+        from munkey_core.service import MunkeyRun, train_run
+
+        a, root = self.args, self.work / f"seed_{seed}"
+        if not (root / "munkey" / "config.json").exists():
+            train_run(a.dataset, root / "munkey", profile=a.profile, encoder=a.encoder or keys.DEFAULT_ENCODER,
+                      data_root=a.data_root, device=a.device, overrides=self._overrides(seed), progress=True)
+            self.trained += 1
+        if not (root / "vit" / "config.json").exists():
+            train_classifier_run(a.dataset, root / "vit", arch="vit", profile=a.profile, data_root=a.data_root,
+                                 device=a.device, overrides=self._overrides(seed), progress=True)
+            self.trained += 1
+        return MunkeyRun(root / "munkey", device=a.device), ClassifierRun(root / "vit", device=a.device)
+
+    def _oracle(self, run_config: dict, run_root: Path, ids: list[int], kind: str) -> Path:
+        from munkey_core.oracles import train_oracle
+
+        path, trained = train_oracle(run_config, run_root, ids, kind, device=self.args.device, progress=True)
+        self.trained += int(trained)
+        return path
+
+    def _strong(self, vit, ds, sets, ids_forget):
+        from munkey_core.mia import StrongAttack, train_reference_models
+        from munkey_core.oracles import recipe_overrides
+
+        a = self.args
+        refs = train_reference_models(a.dataset, vit.root.parent / "refs", n_refs=a.mia_refs,
+                                      seed=int(vit.train_cfg.seed), profile=a.profile,
+                                      overrides=recipe_overrides(vit.config), data_root=a.data_root,
+                                      device=a.device, on_trained=self._count)
+        f, t = sets.forget, sets.test
+        return StrongAttack(refs, (ds.train.images[f], ds.train.labels[f], ds.train.ids[f]),
+                            (ds.test.images[t], ds.test.labels[t]))
+
+    def _count(self) -> None:
+        self.trained += 1
+
+    # ----- one cell -------------------------------------------------------------------------
+    def cell(self, rate: float, seed: int) -> list[dict]:
+        """Rows of one (rate, seed): oracles, MUNKEY key deletion, the ViT and its post-hoc methods."""
+        from munkey_core.classifier_run import ClassifierRun
+        from munkey_core.oracles import classifier_scorer, eval_sets, gaps, measure, munkey_scorer
+        from munkey_core.service import MunkeyRun
+        from munkey_core.unlearn.keydelete import random_ids
+        from munkey_core.unlearn.posthoc import run_posthoc
+
+        a = self.args
+        path = self.work / f"seed_{seed}" / f"rate_{rate:g}.json"
+        tag = {"methods": self.methods, "mia": a.mia, "mia_refs": a.mia_refs, "max_samples": a.max_samples}
+        if path.exists() and read_json(path).get("tag") == tag:
+            return read_json(path)["rows"]
+        mrun, vit = self._originals(seed)
+        ds = mrun.dataset
+        ids = random_ids(ds.train.ids, rate, seed)
+        m_oracle = self._oracle(mrun.config, mrun.paths.root, ids, "munkey")
+        t_oracle = self._oracle(vit.config, vit.root, ids, "vit")
+        sets = eval_sets(ds, ids, max_samples=a.max_samples, seed=seed)
+        # the ViT's carved splits follow the same seed: the same sample ids and the same rows
+        if not np.array_equal(vit.dataset.train.ids, ds.train.ids):
+            raise MunkeyError("The MUNKEY run and the ViT saw different training splits; delete --work and re-run.")
+        strong = self._strong(vit, ds, sets, ids) if a.mia == "strong" else None
+        k, tau = mrun.train_cfg.k, mrun.train_cfg.tau
+        rows: list[dict] = []
+
+        def add(method: str, oracle_name: str, metrics: dict, oracle: dict, seconds: float | None) -> None:
+            rows.append({"rate": rate, "seed": seed, "method": method, "oracle": oracle_name,
+                         **{m: metrics[m] for m in ("TA", "RA", "FA", "MIA")}, "AvgGap": gaps(metrics, oracle)["AvgGap"],
+                         "seconds": seconds, "MIA_attack": metrics["MIA_attack"]})
+
+        orun = MunkeyRun(m_oracle, device=a.device)
+        m_star = measure(munkey_scorer(orun.model, orun.bank, ds, mrun.split_keys, k, tau), ds, sets, strong)
+        add("Retrain (M-oracle)", "M", m_star, m_star, None)
+        bank = copy.deepcopy(mrun.bank)
+        t0 = time.perf_counter()
+        bank.delete(ids)  # key deletion: the whole unlearning step, in memory (no audit, no disk)
+        bank.compact()
+        seconds = time.perf_counter() - t0
+        add("MUNKEY (key deletion)", "M",
+            measure(munkey_scorer(mrun.model, bank, ds, mrun.split_keys, k, tau), ds, sets, strong), m_star, seconds)
+        trun = ClassifierRun(t_oracle, device=a.device)
+        t_star = measure(classifier_scorer(trun.model, ds, trun.cfg.img_size), ds, sets, strong)
+        add("Retrain (T-oracle)", "T", t_star, t_star, None)
+        add("ViT, no unlearning", "T", measure(classifier_scorer(vit.model, ds, vit.cfg.img_size), ds, sets, strong),
+            t_star, 0.0)
+        f = np.isin(ds.train.ids, ids)
+        forget, retain = (ds.train.images[f], ds.train.labels[f]), (ds.train.images[~f], ds.train.labels[~f])
+        for method in self.methods:
+            res = run_posthoc(method, vit.model, vit.to_input, forget, retain, num_classes=ds.num_classes, seed=seed)
+            add(method, "T", measure(classifier_scorer(res.model, ds, vit.cfg.img_size), ds, sets, strong),
+                t_star, res.seconds)
+        atomic_write_json(path, {"tag": tag, "rows": rows})
+        return rows
+
+    # ----- tables ---------------------------------------------------------------------------
+    def table(self, rows: list[dict], wall: float) -> str:
+        a = self.args
+        attack = next((r["MIA_attack"] for r in rows if r["MIA_attack"]), "-")
+        lines = [f"## {a.dataset}, profile {a.profile}: random forgetting, {a.seeds} seed(s)", "",
+                 f"MIA attack: {attack}. Mean ± sample standard deviation over seeds; Avg Gap against the "
+                 "M-oracle (MUNKEY) or the T-oracle (plain ViT and post-hoc methods); seconds = the forgetting "
+                 f"step alone. Wall time of this invocation: {wall:.0f} s.", "",
+                 "Command: `munkey " + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "`", ""]
+        for rate in self.rates:
+            lines += [f"### forget {rate * 100:g}%", "", "| method | oracle | " + " | ".join(TABLE) + " |",
+                      "|---|---|" + "---|" * len(TABLE)]
+            methods = list(dict.fromkeys(r["method"] for r in rows if r["rate"] == rate))
+            for m in methods:
+                sel = [r for r in rows if r["rate"] == rate and r["method"] == m]
+                cells = [_mean_sd([r[c] for r in sel]) for c in TABLE]
+                lines.append(f"| {m} | {sel[0]['oracle']} | " + " | ".join(cells) + " |")
+            lines.append("")
+        return "\n".join(lines)
+
+    def run(self) -> int:
+        t0 = time.perf_counter()
+        cells = [(r, s) for r in self.rates for s in range(self.args.seeds)]
+        rows: list[dict] = []
+        for rate, seed in tqdm(cells, desc="fidelity", unit="cell", dynamic_ncols=True):
+            rows += self.cell(rate, seed)
+        text = self.table(rows, time.perf_counter() - t0)
+        print(text)
+        print(f"\ntrained {self.trained} model(s) in this run; cached models under {self.work}")
+        if self.args.out:
+            out = Path(self.args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            name = f"fidelity_{self.args.dataset.replace(':', '_').replace('/', '_')}"
+            (out / f"{name}.md").write_text(text + "\n")
+            with open(out / f"{name}.csv", "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=COLUMNS)
+                w.writeheader()
+                w.writerows({c: r.get(c) for c in COLUMNS} for r in rows)
+            print(f"wrote {out / name}.md and .csv")
+        return 0
