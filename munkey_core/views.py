@@ -336,3 +336,24 @@ class DeletionJob(BackgroundJob):
     def task(self) -> None:
         self.summary = delete_and_measure(self.run, self.ids, operator=self.operator, subject=self.subject,
                                           max_samples=self.max_samples, progress=self._progress)
+
+
+class EvaluationJob(BackgroundJob):
+    """`run.evaluate(record=False)` off the UI thread (TA, RA, FA, MIA, Ps); `result` when done."""
+
+    name = "munkey-evaluation"
+    what = "The evaluation"
+
+    def __init__(self, run: MunkeyRun, max_samples: int = 2000) -> None:
+        super().__init__()
+        self.run, self.max_samples = run, max_samples
+        self.reset()
+
+    def reset(self) -> None:
+        self.stage, self.fraction, self.result = "starting", 0.0, None
+
+    def _progress(self, stage: str, fraction: float) -> None:
+        self.stage, self.fraction = stage, min(1.0, max(0.0, float(fraction)))
+
+    def task(self) -> None:
+        self.result = self.run.evaluate(max_samples=self.max_samples, record=False, progress=self._progress)

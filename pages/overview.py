@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from munkey_core.views import latest_metrics
+from munkey_core.views import EvaluationJob, latest_metrics
 from pages._common import fmt, require_run, user_errors
 
 run = require_run()
@@ -29,6 +29,23 @@ c[3].metric("Training time", fmt(s["train_seconds"], 0, " s"))
 
 # "Evaluate now" is open to viewers, so its result stays in this browser session and is not written
 # to the run: the run directory changes only through an operator's deletion (which records metrics).
+EVAL_JOB = "overview_eval_job"
+_job = st.session_state.get(EVAL_JOB)
+if _job is not None and _job.state == "done":
+    st.session_state["overview_eval"] = _job.result
+    del st.session_state[EVAL_JOB]
+elif _job is not None and _job.state == "failed":
+    st.error(_job.error or "The evaluation failed.", icon=":material/error:")
+    del st.session_state[EVAL_JOB]
+
+
+@st.fragment(run_every=1.0)
+def _eval_progress(job: EvaluationJob) -> None:
+    st.progress(job.fraction, text=f"Evaluating: {job.stage} ({job.elapsed:.0f} s; the page stays usable)")
+    if job.state != "running":
+        st.rerun(scope="app")
+
+
 session_eval = st.session_state.get("overview_eval")
 if session_eval is not None and session_eval.get("bank_size") != len(run.bank):
     session_eval = None
@@ -51,13 +68,13 @@ else:
                + (" Evaluated in this session, not recorded in the run." if session_eval is not None else
                   "" if current else " The bank has changed since: evaluate again for current numbers."))
 
-if st.button("Evaluate now", key="evaluate", icon=":material/speed:"):
-    bar = st.progress(0.0, text="Evaluating...")
-    with user_errors():
-        st.session_state["overview_eval"] = run.evaluate(
-            record=False, progress=lambda stage, frac: bar.progress(min(1.0, frac), text=f"Evaluating: {stage}"))
-        bar.empty()
-        st.rerun()
+_job = st.session_state.get(EVAL_JOB)
+if _job is not None and _job.state == "running":
+    _eval_progress(_job)
+elif st.button("Evaluate now", key="evaluate", icon=":material/speed:"):
+    st.session_state[EVAL_JOB] = EvaluationJob(run)
+    st.session_state[EVAL_JOB].start()
+    st.rerun()
 
 st.subheader("Training history")
 hist = run.history

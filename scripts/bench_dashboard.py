@@ -83,8 +83,12 @@ def measure(bench: Bench, repeats: int, png: bytes) -> tuple[list[tuple[str, lis
     at = bench.new()
     long_jobs["first app run in a fresh server (imports, opening the run)"] = bench.timed(at, at.run)
 
-    at.button(key="evaluate").click()  # Overview's "Evaluate now" (kept in the session, not recorded)
-    long_jobs["Overview: Evaluate now (TA, RA, FA, MIA, Ps; progress bar)"] = bench.timed(at, at.run)
+    t0 = time.perf_counter()  # Overview's "Evaluate now" (a background job; kept in the session, not recorded)
+    at.button(key="evaluate").click().run()
+    at.session_state["overview_eval_job"].wait(bench.timeout)
+    at.run()
+    long_jobs["Overview: Evaluate now (TA, RA, FA, MIA, Ps; background job, progress shown)"] = \
+        time.perf_counter() - t0
 
     t0 = time.perf_counter()  # the Embeddings page cold: the background job, until both maps are drawn
     at = bench.page("embeddings")

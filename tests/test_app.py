@@ -158,6 +158,9 @@ def test_overview_evaluate_now_shows_metrics_without_changing_the_run(tiny_run: 
     at = _app(monkeypatch, tiny_run)
     assert "No evaluation recorded yet" in at.info[0].value
     at.button(key="evaluate").click().run()
+    job = at.session_state["overview_eval_job"]  # evaluation runs off the script thread
+    assert job.wait(120) == "done", job.error
+    at.run()
     assert not at.exception and not at.error
     assert not (tiny_run / "metrics.json").exists()  # a viewer's click writes nothing to the run
     assert any("not recorded in the run" in c.value for c in at.caption)
