@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from munkey_core.errors import MunkeyError
 from munkey_core.storage import atomic_torch_save
+from munkey_core.torchfix import odd_batch_guard
 
 METHODS = ("ssd", "lfssd")
 Importance = dict[str, torch.Tensor]
@@ -57,13 +58,14 @@ def importance(model: nn.Module, to_input: Callable[[np.ndarray], torch.Tensor],
     batches = 0
     for start in range(0, len(images), batch_size):
         x = to_input(images[start:start + batch_size])
-        out = model(x)
-        if method == "ssd":
-            y = torch.as_tensor(labels[start:start + batch_size], dtype=torch.long, device=out.device)
-            loss = F.cross_entropy(out, y)
-        else:
-            loss = out.pow(2).sum(dim=1).mean()
-        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        with odd_batch_guard(len(x)):
+            out = model(x)
+            if method == "ssd":
+                y = torch.as_tensor(labels[start:start + batch_size], dtype=torch.long, device=out.device)
+                loss = F.cross_entropy(out, y)
+            else:
+                loss = out.pow(2).sum(dim=1).mean()
+            grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
         for (n, _), g in zip(params.items(), grads):
             if g is not None:
                 total[n] += g.pow(2) if method == "ssd" else g.abs()
