@@ -126,7 +126,9 @@ class ClassEditor:
 
     def default_config(self) -> UnActConfig:
         p, gamma, k = DEFAULTS[self.arch if self.arch in DEFAULTS else "vit"]
-        return UnActConfig(p, gamma, k)
+        # ResNets: attribution scoring, measured far better than the paper's activation rule on our
+        # CPU ResNet (docs/results/README.md); ViTs always score by attribution
+        return UnActConfig(p, gamma, k, "attribution")
 
     def class_images(self, cls: int, n: int | None = None, seed: int = 0) -> np.ndarray:
         """n seeded-random training images of class `cls` (all of them when n is None or 0)."""

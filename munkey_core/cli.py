@@ -133,9 +133,10 @@ def _add_unact(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--p", type=float, default=None, help="percentile of units dampened each round (ResNet 99, ViT 85, MUNKEY backbone 99)")
     p.add_argument("--gamma", type=float, default=None, help="damping factor in (0, 1) (ResNet 0.01, ViT 0.1, MUNKEY 0.01)")
     p.add_argument("--k", type=int, default=None, help="rounds (ResNet 20, ViT 5, MUNKEY 20)")
-    p.add_argument("--score", default="activation", choices=["activation", "attribution"],
-                   help="ResNet unit score: activation (the paper's mean post-ReLU activation, default) or "
-                   "attribution (activation x the channel's weight towards the class logit; ViTs always use it)")
+    p.add_argument("--score", default=None, choices=["activation", "attribution"],
+                   help="ResNet unit score: attribution (default: activation x the channel's weight towards the "
+                   "class logit; measured best, see docs/results) or activation (the paper's mean post-ReLU "
+                   "activation); ViTs always use attribution")
     p.add_argument("--out", default=None, help="new run directory for the edited model (default RUN_unact_cC[_N])")
     p.add_argument("--no-save", action="store_true", help="only measure; write nothing")
     p.add_argument("--train-oracle", action="store_true", help="train the class oracle first if it is missing "
@@ -360,7 +361,7 @@ def cmd_unact(args: argparse.Namespace) -> int:
         images, cls = editor.class_images(args.cls, args.n, seed=args.seed), args.cls
     base = editor.default_config()
     cfg = UnActConfig(base.p if args.p is None else args.p, base.gamma if args.gamma is None else args.gamma,
-                      base.k if args.k is None else args.k, args.score)
+                      base.k if args.k is None else args.k, args.score or base.score)
     cfg.check()
     if args.train_oracle:
         editor.train_oracle(editor.pseudo_label(images) if cls is None else cls)
