@@ -4,7 +4,8 @@ States: idle -> running -> done | failed; a failed job may be started again, a r
 one is not. A MunkeyError's message is kept in `error`; any other exception is kept as a
 one-line message and its traceback goes to stderr, so the UI stays alive and the log keeps the bug.
 Subclasses implement `task()` and may override `reset()` to clear their own progress fields.
-Tests: tests/test_views.py (TrainingJob), tests/test_embeddings.py (EmbeddingJob).
+Tests: tests/test_views.py (TrainingJob), tests/test_embeddings.py (EmbeddingJob), tests/test_app.py (DeletionJob,
+EvaluationJob), tests/test_app_class.py (ClassUnlearnJob).
 """
 
 from __future__ import annotations
@@ -74,3 +75,14 @@ class BackgroundJob(ABC):
         if self._thread is not None:
             self._thread.join(timeout)
         return self.state
+
+
+class ProgressJob(BackgroundJob):
+    """A job whose task reports (stage, fraction) through `progress`, e.g. as a service call's
+    progress callback; subclasses keep their result in their own attribute."""
+
+    def reset(self) -> None:
+        self.stage, self.fraction = "starting", 0.0
+
+    def progress(self, stage: str, fraction: float) -> None:
+        self.stage, self.fraction = stage, min(1.0, max(0.0, float(fraction)))

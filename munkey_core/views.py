@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from munkey_core.errors import MunkeyError
-from munkey_core.jobs import BackgroundJob
+from munkey_core.jobs import BackgroundJob, ProgressJob
 from munkey_core.memory import MemoryBank
 from munkey_core.predict import Predictions
 from munkey_core.service import MunkeyRun, Progress, train_run
@@ -313,7 +313,7 @@ class TrainingJob(BackgroundJob):
         return self.state
 
 
-class DeletionJob(BackgroundJob):
+class DeletionJob(ProgressJob):
     """One audited deletion with its before/after evaluation (`delete_and_measure`), off the UI thread:
     the page polls `stage` and `fraction` while the evaluation runs and shows `summary` when done."""
 
@@ -328,17 +328,15 @@ class DeletionJob(BackgroundJob):
         self.reset()
 
     def reset(self) -> None:
-        self.stage, self.fraction, self.summary = "starting", 0.0, None
-
-    def _progress(self, stage: str, fraction: float) -> None:
-        self.stage, self.fraction = stage, min(1.0, max(0.0, float(fraction)))
+        super().reset()
+        self.summary = None
 
     def task(self) -> None:
         self.summary = delete_and_measure(self.run, self.ids, operator=self.operator, subject=self.subject,
-                                          max_samples=self.max_samples, progress=self._progress)
+                                          max_samples=self.max_samples, progress=self.progress)
 
 
-class EvaluationJob(BackgroundJob):
+class EvaluationJob(ProgressJob):
     """`run.evaluate(record=False)` off the UI thread (TA, RA, FA, MIA, Ps); `result` when done."""
 
     name = "munkey-evaluation"
@@ -350,10 +348,8 @@ class EvaluationJob(BackgroundJob):
         self.reset()
 
     def reset(self) -> None:
-        self.stage, self.fraction, self.result = "starting", 0.0, None
-
-    def _progress(self, stage: str, fraction: float) -> None:
-        self.stage, self.fraction = stage, min(1.0, max(0.0, float(fraction)))
+        super().reset()
+        self.result = None
 
     def task(self) -> None:
-        self.result = self.run.evaluate(max_samples=self.max_samples, record=False, progress=self._progress)
+        self.result = self.run.evaluate(max_samples=self.max_samples, record=False, progress=self.progress)

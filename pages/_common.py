@@ -131,6 +131,20 @@ def configured_token() -> str | None:
     return str(value) if value else None
 
 
+def collect_finished_job(job_key: str, result_key: str, result_attr: str) -> None:
+    """When the background job in session_state[job_key] has ended: store its `result_attr` under
+    `result_key` (done) or show its error (failed), and forget the job. Call before drawing anything
+    that depends on the result."""
+    job = st.session_state.get(job_key)
+    if job is None or job.state not in ("done", "failed"):
+        return
+    if job.state == "done":
+        st.session_state[result_key] = getattr(job, result_attr)
+    else:
+        st.error(job.error or f"{job.what} failed.", icon=":material/error:")
+    del st.session_state[job_key]
+
+
 IMAGE_TYPES = ["png", "jpg", "jpeg", "bmp", "tif", "tiff", "npy"]
 
 

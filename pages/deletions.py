@@ -17,7 +17,7 @@ from munkey_core.auditviews import refuse_unauthorised
 from munkey_core.unlearn.keydelete import parse_ids
 from munkey_core.views import (DeletionJob, check_credential, classify_ids, ids_from_bytes, metrics_table,
                                similar_training_samples)
-from pages._common import (IMAGE_TYPES, configured_token, decoded_uploads, fmt, require_run, thumbnail_grid,
+from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, decoded_uploads, fmt, require_run, thumbnail_grid,
                            user_errors)
 
 PREVIEW_MAX = 24
@@ -84,13 +84,7 @@ def _deletion_progress(job: DeletionJob) -> None:
 
 # A deletion finished in the background: keep its summary, drop the job (before anything is drawn, so the
 # preview below already reflects the bank as it is now).
-_job = st.session_state.get(JOB_KEY)
-if _job is not None and _job.state == "done":
-    st.session_state["deletion_summary"] = _job.summary
-    del st.session_state[JOB_KEY]
-elif _job is not None and _job.state == "failed":
-    st.error(_job.error or "The deletion failed.", icon=":material/error:")
-    del st.session_state[JOB_KEY]
+collect_finished_job(JOB_KEY, "deletion_summary", "summary")
 
 st.title("Deletion requests")
 st.write("Select the training samples a request names, check them, and delete them from the model's memory. "

@@ -7,7 +7,7 @@ import plotly.express as px
 import streamlit as st
 
 from munkey_core.views import EvaluationJob, latest_metrics
-from pages._common import fmt, require_run, user_errors
+from pages._common import collect_finished_job, fmt, require_run
 
 run = require_run()
 s = run.summary()
@@ -30,13 +30,7 @@ c[3].metric("Training time", fmt(s["train_seconds"], 0, " s"))
 # "Evaluate now" is open to viewers, so its result stays in this browser session and is not written
 # to the run: the run directory changes only through an operator's deletion (which records metrics).
 EVAL_JOB = "overview_eval_job"
-_job = st.session_state.get(EVAL_JOB)
-if _job is not None and _job.state == "done":
-    st.session_state["overview_eval"] = _job.result
-    del st.session_state[EVAL_JOB]
-elif _job is not None and _job.state == "failed":
-    st.error(_job.error or "The evaluation failed.", icon=":material/error:")
-    del st.session_state[EVAL_JOB]
+collect_finished_job(EVAL_JOB, "overview_eval", "result")
 
 
 @st.fragment(run_every=1.0)
