@@ -29,6 +29,7 @@ from munkey_core.images import match_channels, resize_to
 from munkey_core.model import preprocess_images
 from munkey_core.rundir import FORMAT_VERSION, load_state_dict
 from munkey_core.storage import atomic_torch_save, atomic_write_json, read_json
+from munkey_core.torchfix import odd_batch_guard
 from munkey_core.train import cosine_schedule, random_shift
 
 # Per-profile ResNet-18 budgets (the ViT reuses the MUNKEY profile's backbone and recipe unchanged).
@@ -84,10 +85,11 @@ def train_classifier(cfg: ClassifierConfig, train_cfg: TrainConfig, images: np.n
         model.train()
         for idx in torch.randperm(n, generator=gen).to(device).split(train_cfg.batch_size):
             x = random_shift(preprocess_images(x_all[idx], cfg.img_size), train_cfg.augment_shift, gen)
-            logits = model(x)
-            loss = F.cross_entropy(logits, y_all[idx], label_smoothing=train_cfg.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            with odd_batch_guard(len(idx)):
+                logits = model(x)
+                loss = F.cross_entropy(logits, y_all[idx], label_smoothing=train_cfg.label_smoothing)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
             opt.step()
             sched.step()
             loss_sum += loss.item() * len(idx)

@@ -3,7 +3,8 @@
 - oneDNN's backward through our models crashes the process (double free) on odd batch sizes above 1
   when torch runs more than one thread (found by tests/test_ssd.py with the default thread count).
   `odd_batch_guard(n)` turns oneDNN off for such a batch only, so even batches keep the fast path and
-  timings stay comparable.
+  timings stay comparable. Used by SSD's importance pass and, as a precaution for an odd-sized last
+  batch, by the training loops.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from munkey_core.memory import MemoryBank
 from munkey_core.model import MunkeyViT, preprocess_images
 from munkey_core.predict import predict
 from munkey_core.storage import atomic_torch_save
+from munkey_core.torchfix import odd_batch_guard
 
 EpochCallback = Callable[[dict], None]
 _VAL_CAP = 1000  # validation samples scored per epoch (enough to follow the curve)
@@ -110,10 +111,11 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
         for idx in torch.randperm(n, generator=gen).to(device).split(cfg.batch_size):
             x = random_shift(preprocess_images(images[idx], model_cfg.img_size), cfg.augment_shift, gen)
             token, drop_img, drop_tok = _sample_tokens(values, idx, nbr_rows, nbr_w, cfg, gen)
-            logits = model(x, token, drop_img, drop_tok)
-            loss = F.cross_entropy(logits, labels[idx], label_smoothing=cfg.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            with odd_batch_guard(len(idx)):
+                logits = model(x, token, drop_img, drop_tok)
+                loss = F.cross_entropy(logits, labels[idx], label_smoothing=cfg.label_smoothing)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
             opt.step()
             sched.step()
             loss_sum += loss.item() * len(idx)
