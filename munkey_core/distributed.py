@@ -26,7 +26,6 @@ import argparse
 import math
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -135,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from munkey_core import keys as keys_mod
     from munkey_core.config import resolve_profile, with_overrides
     from munkey_core.errors import MunkeyError
-    from munkey_core.rundir import FORMAT_VERSION, RunPaths
-    from munkey_core.service import _now
-    from munkey_core.storage import atomic_torch_save, atomic_write_json
+    from munkey_core.service import write_run
 
     p = argparse.ArgumentParser(prog="torchrun ... -m munkey_core.distributed", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="digits")
@@ -177,18 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                                    val=TrainData(ds.val.images, ds.val.labels, ds.val.ids, va_keys), device=device,
                                    checkpoint_dir=out / "checkpoints" if rank == 0 else None)
         if rank == 0:
-            paths = RunPaths(out)
-            atomic_torch_save(paths.model, result.model.state_dict())
-            result.bank.save(paths.bank)
-            atomic_write_json(paths.history, result.history)
-            atomic_write_json(paths.config, {
-                "format": FORMAT_VERSION, "created": _now(), "dataset": ds.name,
-                "data_root": None if args.data_root is None else str(Path(args.data_root).resolve()),
-                "class_names": list(ds.class_names), "image_shape": list(ds.image_shape), "channels": ds.channels,
-                "encoder": enc.describe(), "profile": prof.name, "model": asdict(model_cfg), "train": asdict(cfg),
-                "train_size": len(ds.train), "train_seconds": round(time.perf_counter() - t0, 1),
-                "device": str(device), "processes": size,
-            })
+            write_run(out, result, ds, enc, prof.name, model_cfg, cfg, data_root=args.data_root,
+                      seconds=time.perf_counter() - t0, device=device, extra={"processes": size})
             print(f"trained on {size} process(es); run written to {out}")
     except MunkeyError as exc:
         print(f"error: {exc}")

@@ -87,7 +87,17 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
         device=dev, checkpoint_dir=out / "checkpoints", keep_checkpoints=keep_checkpoints,
         progress=progress, on_epoch=on_epoch)
     seconds = time.perf_counter() - t0
-    paths = RunPaths(out)
+    write_run(out, result, ds, enc, prof.name, model_cfg, train_cfg, data_root=data_root, seconds=seconds,
+              device=dev, extra={"exclude_classes": sorted(int(c) for c in exclude_classes),
+                                 "excluded_ids": len(exclude_ids)})
+    return MunkeyRun(out, device=device)
+
+
+def write_run(out: Path, result, ds: "data_mod.Dataset", enc, profile: str, model_cfg: ModelConfig,
+              train_cfg: TrainConfig, *, data_root: str | Path | None, seconds: float, device: torch.device,
+              extra: dict | None = None) -> None:
+    """Write a trained model's run directory (weights, bank, history, config), each file atomically."""
+    paths = RunPaths(Path(out))
     atomic_torch_save(paths.model, result.model.state_dict())
     result.bank.save(paths.bank)
     atomic_write_json(paths.history, result.history)
@@ -95,11 +105,9 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
         "format": FORMAT_VERSION, "created": _now(), "dataset": ds.name,
         "data_root": None if data_root is None else str(Path(data_root).resolve()),
         "class_names": list(ds.class_names), "image_shape": list(ds.image_shape), "channels": ds.channels,
-        "encoder": enc.describe(), "profile": prof.name, "model": asdict(model_cfg), "train": asdict(train_cfg),
-        "train_size": len(ds.train), "train_seconds": round(seconds, 1), "device": str(dev),
-        "exclude_classes": sorted(int(c) for c in exclude_classes), "excluded_ids": len(exclude_ids),
+        "encoder": enc.describe(), "profile": profile, "model": asdict(model_cfg), "train": asdict(train_cfg),
+        "train_size": len(ds.train), "train_seconds": round(seconds, 1), "device": str(device), **(extra or {}),
     })
-    return MunkeyRun(out, device=device)
 
 
 class MunkeyRun:
