@@ -109,6 +109,7 @@ class ClassEditor:
         cap = _MUNKEY_TEST_CAP if (max_test is None and self.kind == "munkey") else (max_test or 0)
         self.test_index = _stratified_cap(ds.test.labels, cap, seed=0)
         self._all_test_keys: np.ndarray | None = None
+        self._original_pred: np.ndarray | None = None  # the loaded model is never edited: cacheable
         self._fp: str | None = None
 
     # ----- data ---------------------------------------------------------------------------
@@ -177,7 +178,13 @@ class ClassEditor:
         return preds.labels
 
     def metrics(self, cls: int, model: torch.nn.Module | None = None, bank: MemoryBank | None = None) -> ClassMetrics:
-        pred = self.predict_test(self.model if model is None else model, bank)
+        """Af/Ar of `model` (default: the unedited run, whose test predictions are computed once)."""
+        if model is None and bank is None:
+            if self._original_pred is None:
+                self._original_pred = self.predict_test(self.model)
+            pred = self._original_pred
+        else:
+            pred = self.predict_test(self.model if model is None else model, bank)
         return class_metrics(pred, self.dataset.test.labels[self.test_index], cls, self.num_classes)
 
     # ----- oracles -------------------------------------------------------------------------
