@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.memory import DeleteResult, MemoryBank
+from munkey_core.memory import DeleteResult, MemoryBank, rows_in
 from munkey_core.storage import fsync_dir
 
 MAGIC = b"MKYSTORE1\n"
@@ -198,10 +198,7 @@ class BankStore:
 
     def rows_of(self, ids: Iterable[int]) -> np.ndarray:
         """Row positions of `ids` (all must be present)."""
-        try:
-            return np.array([self._row[int(i)] for i in ids], dtype=np.int64)
-        except KeyError as exc:
-            raise MunkeyError(f"Sample id {exc.args[0]} is not in the memory bank.") from None
+        return rows_in(self._row, ids)
 
     def search(self, queries: torch.Tensor | np.ndarray, k: int,
                exclude: Sequence[Iterable[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,6 +37,14 @@ class DeleteResult:
     absent: list[int] = field(default_factory=list)
 
 
+def rows_in(row_of_id: dict[int, int], ids: Iterable[int]) -> np.ndarray:
+    """Row positions of `ids` in a bank's id -> row map; a clear error names the first absent id."""
+    try:
+        return np.array([row_of_id[int(i)] for i in ids], dtype=np.int64)
+    except KeyError as exc:
+        raise MunkeyError(f"Sample id {exc.args[0]} is not in the memory bank.") from None
+
+
 class MemoryBank:
     """Ids, labels, unit-norm keys (N, Dk), exemplar vectors (N, Dv) and optional optimiser moments."""
 
@@ -86,10 +94,7 @@ class MemoryBank:
 
     def rows_of(self, ids: Iterable[int]) -> np.ndarray:
         """Row positions of `ids` (all must be present)."""
-        try:
-            return np.array([self._row[int(i)] for i in ids], dtype=np.int64)
-        except KeyError as exc:
-            raise MunkeyError(f"Sample id {exc.args[0]} is not in the memory bank.") from None
+        return rows_in(self._row, ids)
 
     def search(self, queries: torch.Tensor | np.ndarray, k: int,
                exclude: Sequence[Iterable[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
