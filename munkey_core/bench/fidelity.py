@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="auto", help="auto | cpu | vit-tiny | tiny (default auto)")
     p.add_argument("--rates", default="0.1,0.02", help="forget rates (default 0.1,0.02)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, 0..N-1 (default 3)")
+    p.add_argument("--seed-list", default=None,
+                   help="comma-separated seeds to run instead of 0..N-1 (e.g. 2 to run one seed in another process; "
+                        "a later run with --seeds 3 then reads every finished cell from --work)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs of every model (default: the profile's)")
     p.add_argument("--methods", default="neggrad+,scrub,ssd,amnesiac", help="post-hoc baselines on the plain ViT")
     p.add_argument("--mia", default="cheap", choices=["cheap", "strong"],
