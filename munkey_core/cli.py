@@ -110,6 +110,20 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def _add_select(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("select", help="pick the per-epoch checkpoint that forgets best (lowest Avg Gap on a "
+                       "validation forget split among checkpoints with Ps <= 0.3)")
+    p.add_argument("run")
+    p.add_argument("--val-rate", type=float, default=0.05, help="size of the validation forget split (default 0.05)")
+    p.add_argument("--max-ps", type=float, default=0.3, help="pathway-sensitivity bound (default 0.3)")
+    p.add_argument("--max-samples", type=int, default=1000, help="cap per evaluated set (0 = all; default 1000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-train", action="store_true", help="fail instead of training the split's M-oracle")
+    p.add_argument("--out", default=None, help="write the selected checkpoint as a new run directory here")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true")
+
+
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train on digits, predict with evidence, delete 10%%, re-evaluate")
     p.add_argument("--out", default="runs/demo", help="run directory (reused if it exists)")
@@ -160,7 +174,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="munkey", description="Unlearning by design: MUNKEY key deletion.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_audit, _add_demo, _add_unact, _add_bench):
+    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_select, _add_audit, _add_demo, _add_unact, _add_bench):
         add(sub)
     return parser
 
@@ -293,6 +307,32 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_select(args: argparse.Namespace) -> int:
+    from munkey_core.selection import select_checkpoint, write_selected
+    from munkey_core.service import MunkeyRun
+
+    run = MunkeyRun(args.run, device=args.device)
+    sel = select_checkpoint(run, val_rate=args.val_rate, seed=args.seed, max_ps=args.max_ps,
+                            max_samples=args.max_samples, train_missing=not args.no_train,
+                            oracle_progress=not args.json)
+    o = sel.oracle
+    lines = [f"validation forget split {sel.val_forget} ({sel.n_val_forget} ids); M-oracle {sel.oracle_path}",
+             f"{'M-oracle':<15} TA {_fmt(o['TA'])}  RA {_fmt(o['RA'])}  FA {_fmt(o['FA'])}  MIA {_fmt(o['MIA'])}",
+             f"{'checkpoint':<15} {'TA':>6} {'RA':>6} {'FA':>6} {'MIA':>6} {'AvgGap':>7} {'Ps':>6}"]
+    for c in sel.scores:
+        mark = "  <- selected" if c.name == sel.selected else ("" if c.eligible else f"  (Ps > {sel.max_ps:g})")
+        lines.append(f"{c.name:<15} {_fmt(c.TA):>6} {_fmt(c.RA):>6} {_fmt(c.FA):>6} {_fmt(c.MIA):>6} "
+                     f"{_fmt(c.AvgGap):>7} {_fmt(c.Ps, 3):>6}{mark}")
+    lines.append("(TA on the validation split; MIA: cheap attack)" if sel.selected else
+                 f"No checkpoint has Ps <= {sel.max_ps:g}: none selected.")
+    result = sel.to_dict()
+    if args.out:
+        result["written"] = str(write_selected(run, sel, args.out))
+        lines.append(f"wrote the selected checkpoint as a new run: {result['written']}")
+    _emit(result, args.json, "\n".join(lines))
+    return 0
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from munkey_core import audit, receipts
 
@@ -388,7 +428,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.load(args.bench_command).run(args)
 
 
-COMMANDS = {"unact": cmd_unact, "bench": cmd_bench, "train": cmd_train, "predict": cmd_predict, "forget": cmd_forget, "evaluate": cmd_evaluate,
+COMMANDS = {"unact": cmd_unact, "bench": cmd_bench, "train": cmd_train, "predict": cmd_predict, "forget": cmd_forget, "evaluate": cmd_evaluate, "select": cmd_select,
             "audit": cmd_audit, "demo": cmd_demo}
 
 

@@ -98,3 +98,12 @@ def sqlite_exec(run: Path, *statements: str) -> None:
             con.execute(s)
     finally:
         con.close()
+
+
+def file_digests(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
+    """sha256 of every file under `root` (relative path -> hex), skipping top-level folders in `exclude`:
+    how tests prove that an operation left a run directory byte-identical."""
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.relative_to(root).parts[0] not in exclude}

@@ -3,7 +3,6 @@ and MUNKEY runs (new run written, original untouched, Delta against the oracle),
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -16,16 +15,13 @@ from munkey_core.classforget import ClassEditor, class_metrics
 from munkey_core.classifier_run import ClassifierRun
 from munkey_core.cli import main
 from munkey_core.memory import MemoryBank
+from _helpers import file_digests
 
 
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out = capsys.readouterr()
     return code, out.out, out.err
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture
@@ -61,7 +57,7 @@ def test_train_classifier_cli_and_class_oracle(tmp_path: Path, capsys) -> None:
 
 
 def test_unact_cli_writes_a_new_run_with_delta_and_leaves_the_original(resnet_run: Path, capsys) -> None:
-    before = {p.name: _digest(p) for p in resnet_run.iterdir() if p.is_file()}
+    before = file_digests(resnet_run, exclude=("oracles",))
     out = resnet_run.parent / "edited"
     code, text, err = run_cli(capsys, "unact", str(resnet_run), "--class", "3", "--n", "25", "--p", "90",
                               "--gamma", "0.1", "--k", "10", "--train-oracle", "--out", str(out), "--json")
@@ -70,7 +66,7 @@ def test_unact_cli_writes_a_new_run_with_delta_and_leaves_the_original(resnet_ru
     assert row["class"] == 3 and row["pseudo_label"] == 3 and row["n"] == 25
     assert row["Af"] < row["Af_before"] - 30 and row["Delta"] is not None
     assert row["Delta"] == pytest.approx(abs(row["Ar"] - row["Ar_oracle"]) + abs(row["Af"] - row["Af_oracle"]))
-    assert {p.name: _digest(p) for p in resnet_run.iterdir() if p.is_file()} == before  # original untouched
+    assert file_digests(resnet_run, exclude=("oracles",)) == before  # original untouched (its oracle cache grew)
     edited = ClassifierRun(out, device="cpu")
     assert edited.config["edits"][-1]["method"] == "unact" and edited.config["edits"][-1]["class"] == 3
     again = ClassEditor(out, device="cpu").metrics(3)
