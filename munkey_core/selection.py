@@ -65,6 +65,7 @@ class Selection:
     n_val_forget: int
     oracle_path: str
     oracle: dict
+    oracle_trained: bool = False  # the split's M-oracle was trained by this call (not found cached)
     scores: list[CheckpointScore] = field(default_factory=list)
     selected: str | None = None
 
@@ -74,7 +75,8 @@ class Selection:
 
     def to_dict(self) -> dict:
         return {"max_ps": self.max_ps, "val_forget": self.val_forget, "n_val_forget": self.n_val_forget,
-                "oracle_path": self.oracle_path, "oracle": self.oracle, "selected": self.selected,
+                "oracle_path": self.oracle_path, "oracle": self.oracle, "oracle_trained": self.oracle_trained,
+                "selected": self.selected,
                 "MIA_attack": MIA_CHEAP, "scores": [asdict(s) for s in self.scores]}
 
 
@@ -150,7 +152,7 @@ def select_checkpoint(run: "MunkeyRun", *, val_rate: float = 0.05, seed: int = 0
         raise MunkeyError("No M-oracle for the validation forget split yet; run 'munkey select RUN' without "
                           "--no-train to train it (the run's recipe, minutes on the CPU profile).")
     report("oracle", 0.0)
-    path, _ = train_oracle(run.config, run.paths.root, excluded, "munkey", device=str(run.device),
+    path, trained = train_oracle(run.config, run.paths.root, excluded, "munkey", device=str(run.device),
                            progress=oracle_progress)
     view = _ValidationView(run.dataset)
     sets = eval_sets(view, val_ids, max_samples=max_samples, seed=seed, also_deleted=run.forgotten_ids)
@@ -168,7 +170,7 @@ def select_checkpoint(run: "MunkeyRun", *, val_rate: float = 0.05, seed: int = 0
         orun = MunkeyRun(path, device=str(run.device))
         oracle = measure(munkey_scorer(orun.model, orun.bank, view, split_keys, k, tau), view, sets)
         atomic_write_json(cache, {"tag": tag, "metrics": oracle})
-    out = Selection(max_ps, forget_tag(val_ids), len(val_ids), str(path), oracle)
+    out = Selection(max_ps, forget_tag(val_ids), len(val_ids), str(path), oracle, oracle_trained=trained)
     for n, file in enumerate(files):
         report(file.stem, 0.1 + 0.9 * n / len(files))
         model, bank, epoch = checkpoint_state(run, file)

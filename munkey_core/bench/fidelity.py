@@ -30,6 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mia", default="cheap", choices=["cheap", "strong"],
                    help="cheap: loss attack; strong: RMIA-style with reference ViTs (trained per seed)")
     p.add_argument("--mia-refs", type=int, default=2, help="reference models for --mia strong (even; default 2)")
+    p.add_argument("--select", action="store_true",
+                   help="add a row for the checkpoint 'munkey select' picks (trains one more M-oracle per seed, "
+                        "for the validation forget split)")
+    p.add_argument("--max-ps", type=float, default=0.3, help="--select: pathway-sensitivity bound (default 0.3)")
+    p.add_argument("--val-rate", type=float, default=0.05, help="--select: validation forget split (default 0.05)")
     p.add_argument("--max-samples", type=int, default=2000, help="cap per evaluated set (0 = all)")
     p.add_argument("--encoder", default=None, help="MUNKEY key encoder (default: the package default)")
     p.add_argument("--work", default="runs/fidelity", help="folder for the trained models (reused on re-runs)")

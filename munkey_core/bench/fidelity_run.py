@@ -17,7 +17,8 @@ from munkey_core.bench.unact_run import _mean_sd
 from munkey_core.errors import MunkeyError
 from munkey_core.storage import atomic_write_json, read_json
 
-COLUMNS = ("rate", "seed", "method", "oracle", "TA", "RA", "FA", "MIA", "AvgGap", "seconds", "MIA_attack")
+COLUMNS = ("rate", "seed", "method", "oracle", "TA", "RA", "FA", "MIA", "AvgGap", "seconds", "MIA_attack", "epoch")
+SELECTED = "MUNKEY (selected checkpoint)"
 TABLE = ("TA", "RA", "FA", "MIA", "AvgGap", "seconds")
 
 
@@ -108,6 +109,67 @@ class FidelityBench:
 
     # ----- one cell -------------------------------------------------------------------------
     def cell(self, rate: float, seed: int) -> list[dict]:
+        """Rows of one (rate, seed), plus the selected checkpoint's row with --select."""
+        rows = self._base_cell(rate, seed)
+        if getattr(self.args, "select", False):
+            rows = rows + self._selected_rows(rate, seed)
+        return rows
+
+    def _selection(self, mrun, seed: int) -> dict:
+        """This seed's checkpoint selection (cached in seed_k/selection.json)."""
+        from munkey_core.selection import select_checkpoint
+
+        a = self.args
+        path = self.work / f"seed_{seed}" / "selection.json"
+        tag = {"max_ps": a.max_ps, "val_rate": a.val_rate, "max_samples": a.max_samples}
+        if path.exists() and read_json(path).get("tag") == tag:
+            return read_json(path)["selection"]
+        sel = select_checkpoint(mrun, val_rate=a.val_rate, seed=seed, max_ps=a.max_ps,
+                                max_samples=a.max_samples).to_dict()
+        self.trained += int(sel["oracle_trained"])
+        atomic_write_json(path, {"tag": tag, "selection": sel})
+        return sel
+
+    def _selected_rows(self, rate: float, seed: int) -> list[dict]:
+        """MUNKEY's key deletion on the checkpoint `munkey select` picks (lowest Avg Gap on a validation
+        forget split among Ps <= max_ps), against the same M-oracle and samples as the final model."""
+        from munkey_core.oracles import eval_sets, gaps, measure, munkey_scorer
+        from munkey_core.selection import checkpoint_state
+        from munkey_core.service import MunkeyRun
+        from munkey_core.unlearn.keydelete import random_ids
+
+        a = self.args
+        path = self.work / f"seed_{seed}" / f"rate_{rate:g}_selected.json"
+        tag = {"mia": a.mia, "mia_refs": a.mia_refs, "max_samples": a.max_samples, "max_ps": a.max_ps,
+               "val_rate": a.val_rate}
+        if path.exists() and read_json(path).get("tag") == tag:
+            return read_json(path)["rows"]
+        mrun, vit = self._originals(seed)
+        sel = self._selection(mrun, seed)
+        rows: list[dict] = []
+        if sel["selected"] is None:
+            tqdm.write(f"seed {seed}: no checkpoint has Ps <= {a.max_ps}; no selected-checkpoint row")
+        else:
+            ds = mrun.dataset
+            ids = random_ids(ds.train.ids, rate, seed)
+            orun = MunkeyRun(self._oracle(mrun.config, mrun.paths.root, ids, "munkey"), device=a.device)
+            sets = eval_sets(ds, ids, max_samples=a.max_samples, seed=seed)
+            strong = self._strong(vit, ds, sets, ids) if a.mia == "strong" else None
+            k, tau = mrun.train_cfg.k, mrun.train_cfg.tau
+            m_star = measure(munkey_scorer(orun.model, orun.bank, ds, mrun.split_keys, k, tau), ds, sets, strong)
+            model, bank, epoch = checkpoint_state(mrun, mrun.paths.checkpoints / sel["selected"])
+            t0 = time.perf_counter()
+            bank.delete(ids)
+            bank.compact()
+            seconds = time.perf_counter() - t0
+            m = measure(munkey_scorer(model, bank, ds, mrun.split_keys, k, tau), ds, sets, strong)
+            rows.append({"rate": rate, "seed": seed, "method": SELECTED, "oracle": "M",
+                         **{c: m[c] for c in ("TA", "RA", "FA", "MIA")}, "AvgGap": gaps(m, m_star)["AvgGap"],
+                         "seconds": seconds, "MIA_attack": m["MIA_attack"], "epoch": epoch})
+        atomic_write_json(path, {"tag": tag, "rows": rows})
+        return rows
+
+    def _base_cell(self, rate: float, seed: int) -> list[dict]:
         """Rows of one (rate, seed): oracles, MUNKEY key deletion, the ViT and its post-hoc methods."""
         from munkey_core.classifier_run import ClassifierRun
         from munkey_core.oracles import classifier_scorer, eval_sets, gaps, measure, munkey_scorer
@@ -180,6 +242,11 @@ class FidelityBench:
                 sel = [r for r in rows if r["rate"] == rate and r["method"] == m]
                 cells = [_mean_sd([r[c] for r in sel]) for c in TABLE]
                 lines.append(f"| {m} | {sel[0]['oracle']} | " + " | ".join(cells) + " |")
+            chosen = [f"seed {r['seed']}: epoch {r['epoch']}" for r in rows
+                      if r["rate"] == rate and r["method"] == SELECTED]
+            if chosen:
+                lines += ["", f"Selected checkpoints (Ps <= {a.max_ps:g}, lowest Avg Gap on a validation forget split "
+                          f"of {a.val_rate:g}): " + ", ".join(chosen) + "."]
             lines.append("")
         return "\n".join(lines)
 
