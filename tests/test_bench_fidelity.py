@@ -38,6 +38,15 @@ def test_bench_fidelity_runs_and_resumes(cache_dir: Path, tmp_path: Path, capsys
     assert len(oracles) == 2 and all(o.startswith("random_") and o.endswith("_munkey") for o in oracles)
     md = (tmp_path / "out" / "fidelity_digits.md").read_text()
     assert "| MUNKEY (key deletion) | M |" in md and "forget 10%" in md and "Selected checkpoints" in md
+    # the audited request ran on a copy: the cached run is as trained, the copy is gone
+    audited = json.loads((tmp_path / "work" / "digits_tiny" / "seed_0" / "rate_0.1_audited.json").read_text())
+    config = tmp_path / "work" / "digits_tiny" / "seed_0" / "munkey" / "config.json"
+    n_train = json.loads(config.read_text())["train_size"]
+    assert audited["deleted"] == round(0.1 * n_train) and audited["bank_size"] == n_train - audited["deleted"]
+    assert audited["request_seconds"] >= audited["deletion_seconds"] > 0
+    assert not (tmp_path / "work" / "digits_tiny" / "seed_0" / "munkey" / "forgotten.json").exists()
+    assert not (tmp_path / "work" / "digits_tiny" / "seed_0" / "_audited_copy").exists()
+    assert "audited, durable" in md
     # resume: the cached cell; then, with the cell's rows removed, the cached models (nothing trained)
     assert main(argv) == 0
     assert "trained 0 model(s)" in capsys.readouterr().out

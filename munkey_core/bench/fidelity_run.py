@@ -62,6 +62,7 @@ class FidelityBench:
             raise MunkeyError(f"Unknown method(s) {bad}; choose from: {', '.join(METHODS)}.")
         self.work = Path(args.work) / f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}"
         self.trained = 0  # models trained by this invocation (0 on a full resume)
+        self.audited: dict[tuple[float, int], dict] = {}  # (rate, seed) -> seconds of the audited request
 
     # ----- models ---------------------------------------------------------------------------
     def _overrides(self, seed: int) -> dict:
@@ -113,7 +114,36 @@ class FidelityBench:
         rows = self._base_cell(rate, seed)
         if getattr(self.args, "select", False):
             rows = rows + self._selected_rows(rate, seed)
+        self.audited[(rate, seed)] = self._audited_request(rate, seed)
         return rows
+
+    def _audited_request(self, rate: float, seed: int) -> dict:
+        """Seconds of MUNKEY's forgetting as the product does it: an audited, durable `forget` request
+        (journal, bank and checkpoints purged on disk, audit entry, receipt; no evaluation), on a copy
+        of the run so the cached models stay as trained. Cached in seed_k/rate_<r>_audited.json."""
+        import shutil
+
+        from munkey_core.service import MunkeyRun
+        from munkey_core.unlearn.keydelete import random_ids
+
+        path = self.work / f"seed_{seed}" / f"rate_{rate:g}_audited.json"
+        if path.exists():
+            return read_json(path)
+        mrun, _ = self._originals(seed)
+        copy_dir = self.work / f"seed_{seed}" / "_audited_copy"
+        shutil.rmtree(copy_dir, ignore_errors=True)
+        shutil.copytree(mrun.paths.root, copy_dir, ignore=shutil.ignore_patterns("oracles"))
+        try:
+            run = MunkeyRun(copy_dir, device=self.args.device)
+            ids = random_ids(run.dataset.train.ids, rate, seed)
+            t0 = time.perf_counter()
+            res = run.forget(ids, operator="fidelity bench", source="random-fraction")
+            out = {"request_seconds": time.perf_counter() - t0, "deletion_seconds": res.seconds,
+                   "deleted": len(res.deleted), "bank_size": res.bank_size}
+        finally:
+            shutil.rmtree(copy_dir, ignore_errors=True)
+        atomic_write_json(path, out)
+        return out
 
     def _selection(self, mrun, seed: int) -> dict:
         """This seed's checkpoint selection (cached in seed_k/selection.json)."""
@@ -244,6 +274,13 @@ class FidelityBench:
                 lines.append(f"| {m} | {sel[0]['oracle']} | " + " | ".join(cells) + " |")
             chosen = [f"seed {r['seed']}: epoch {r['epoch']}" for r in rows
                       if r["rate"] == rate and r["method"] == SELECTED]
+            audited = [v for (r, _), v in self.audited.items() if r == rate]
+            if audited:
+                lines += ["", "MUNKEY's forgetting as the product does it (an audited, durable `munkey forget` "
+                          "request on a copy of the run: journal, bank and checkpoints purged on disk, audit entry, "
+                          f"receipt; no evaluation): {_mean_sd([v['request_seconds'] for v in audited])} s per "
+                          f"request of {audited[0]['deleted']} ids, of which the deletion proper (commit point to "
+                          f"bank saved) {_mean_sd([v['deletion_seconds'] for v in audited])} s."]
             if chosen:
                 lines += ["", f"Selected checkpoints (Ps <= {a.max_ps:g}, lowest Avg Gap on a validation forget split "
                           f"of {a.val_rate:g}): " + ", ".join(chosen) + "."]
