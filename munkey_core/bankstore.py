@@ -22,8 +22,11 @@ Deleting ids (one or a batch) = swap-with-last in every region:
 A crash anywhere leaves a state that `open` completes by replaying a valid redo record (replay is
 idempotent; a torn record fails its checksum and means step 2 never started).
 Cost per request: O(#deleted * row bytes) writes and two fdatasyncs of data blocks; independent of N.
-Reads go through a read-only memory map, so opening a 1M-row store costs no RAM until searched
-(the id -> row dict costs about 100 bytes per entry).
+Reads go through a read-only memory map, so opening a 1M-row store costs no RAM until searched.
+The id -> row dict (about 100 bytes per entry) is built on the first lookup that needs it; a
+deletion on a freshly opened store finds its rows by a vectorised scan of the id column instead
+(8 bytes per row read, no dict), so opening a store and deleting a few ids touches O(#deleted) rows.
+`key_dim` may be 0: a checkpoint's rows (ids, labels, exemplars) need no key column.
 
 Caveats: on copy-on-write filesystems (btrfs, ZFS) or SSD firmware an overwrite may leave old
 blocks allocated until reused; that is true of every in-place or rename-based purge.
@@ -164,8 +167,9 @@ class BankStore:
                 raise MunkeyError(f"append: field '{name}' has {len(arr)} rows, expected {m}.")
             os.pwrite(self._fd, arr.tobytes(), self._offset(name, self.count))
         self._fsync(self._fd)
+        rows = self._row
         for r, i in enumerate(ids.tolist()):
-            self._row[i] = self.count + r
+            rows[i] = self.count + r
         self._set_count(self.count + m)
         self._fsync(self._fd)
 
@@ -256,8 +260,10 @@ class BankStore:
         """Physically remove ids (every field), durably; absent ids are reported, not an error."""
         result = StoreDeleteResult()
         rows: list[int] = []
-        for sample_id in dict.fromkeys(int(i) for i in ids):
-            row = self._row.get(sample_id)
+        wanted = list(dict.fromkeys(int(i) for i in ids))
+        found = self._lookup(wanted)
+        for sample_id in wanted:
+            row = found.get(sample_id)
             if row is None:
                 result.absent.append(sample_id)
             else:
@@ -275,16 +281,31 @@ class BankStore:
         self._write_redo(n, n_after, moves, images)
         self._apply(n, n_after, moves, images)
         self._clear_redo()
-        for sample_id in result.deleted:
-            del self._row[sample_id]
-        moved_ids = images["ids"]
-        for (target, _), sid in zip(moves, moved_ids.tolist()):
-            self._row[sid] = target
+        if self._row_map is not None:
+            for sample_id in result.deleted:
+                del self._row_map[sample_id]
+            for (target, _), sid in zip(moves, images["ids"].tolist()):
+                self._row_map[sid] = target
         result.moves = moves
         removed = np.array(rows, dtype=np.int64)
         for listener in self.listeners:
             listener.on_delete(removed, moves)
         return result
+
+    def _lookup(self, ids: list[int]) -> dict[int, int]:
+        """{id: row} for the ids present: from the dict when built, else one scan of the id column."""
+        if self._row_map is not None or len(ids) > 4096:
+            return {i: self._row[i] for i in ids if i in self._row}
+        col = self.ids
+        rows = np.flatnonzero(np.isin(col, np.asarray(ids, dtype=np.int64)))
+        return {int(col[r]): int(r) for r in rows}
+
+    @property
+    def _row(self) -> dict[int, int]:
+        """id -> row of every live row, built on first use."""
+        if self._row_map is None:
+            self._row_map = dict(zip(self._mm["ids"][:self.count].tolist(), range(self.count)))
+        return self._row_map
 
     def _apply(self, n: int, n_after: int, moves: list[tuple[int, int]], images: dict[str, np.ndarray]) -> None:
         """Write moved rows into their holes, zero the vacated tail, set the count, fdatasync."""
@@ -339,7 +360,7 @@ class BankStore:
         images = {}
         for name in self._fields:
             nbytes = m * self._width(name)
-            images[name] = np.frombuffer(body, dtype=np.uint8, count=nbytes, offset=pos).reshape(m, -1)
+            images[name] = np.frombuffer(body, dtype=np.uint8, count=nbytes, offset=pos).reshape(m, self._width(name))
             pos += nbytes
         self._apply(n, n_after, [(int(t), -1) for t in targets], images)
         self._clear_redo()
@@ -355,9 +376,15 @@ class BankStore:
     def _read_header(self) -> None:
         head = os.pread(self._fd, HEADER_BYTES, 0)
         if len(head) < HEADER_BYTES or not head.startswith(MAGIC):
-            raise MunkeyError(f"{self.path} is not a MUNKEY bank store (bad header); restore it from a backup.")
+            raise MunkeyError(f"{self.path} is not a MUNKEY bank store (damaged or truncated: bad header); "
+                              "restore the run from a backup.")
         (length,) = struct.unpack("<I", head[_JSON_OFFSET:_JSON_OFFSET + 4])
-        self.meta = json.loads(head[_JSON_OFFSET + 4:_JSON_OFFSET + 4 + length])
+        try:
+            self.meta = json.loads(head[_JSON_OFFSET + 4:_JSON_OFFSET + 4 + length])
+            [self.meta[k] for k in ("capacity", "key_dim", "value_dim", "moments", "dtype")]
+        except (ValueError, KeyError, TypeError):
+            raise MunkeyError(f"{self.path} is not a MUNKEY bank store (damaged: unreadable header); restore the "
+                              "run from a backup.") from None
         self.capacity = int(self.meta["capacity"])
         self.key_dim = int(self.meta["key_dim"])
         self.value_dim = int(self.meta["value_dim"])
@@ -371,19 +398,20 @@ class BankStore:
             off += self._width(name) * self.capacity
         expected = off
         if os.fstat(self._fd).st_size != expected:
-            raise MunkeyError(f"The bank store {self.path} has the wrong size (truncated?); restore it from a backup.")
+            raise MunkeyError(f"The bank store {self.path} is damaged or truncated (wrong size); restore the run "
+                              "from a backup.")
 
     def _map(self) -> None:
         self.count = self._read_count()
         self._mm: dict[str, np.ndarray] = {}
         for name in self._fields:
             shape = (self.capacity,) if name in ("ids", "labels") else (self.capacity, self._cols(name))
-            if self.capacity == 0:
+            if self.capacity == 0 or self._width(name) == 0:  # nothing to map (mmap refuses 0 bytes)
                 self._mm[name] = np.zeros(shape, dtype=self._field_dtype(name))
             else:
                 self._mm[name] = np.memmap(self.path, dtype=self._field_dtype(name), mode="r",
                                            offset=self._offsets[name], shape=shape)
-        self._row = dict(zip(self._mm["ids"][:self.count].tolist(), range(self.count)))
+        self._row_map: dict[int, int] | None = None
 
     def _cols(self, name: str) -> int:
         return 1 if name in ("ids", "labels") else (self.key_dim if name == "keys" else self.value_dim)
