@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-
 from munkey_core.auditstore import SQLITE_NAME, PostgresStore, Row, SqliteStore, Store, describe_postgres
 from munkey_core.canonical import canonical_bytes, canonical_json, sha256_hex
 from munkey_core.errors import MunkeyError
 from munkey_core.runlock import crash_point
+from munkey_core.runstore import bank_ids
 from munkey_core.storage import atomic_write_json, fsync_dir, read_json
 
 LOG_FORMAT = "munkey-audit/1"
@@ -404,12 +403,7 @@ def verify_run(root: str | Path, url: str | None = None) -> Verification:
     if unlisted:
         return _fail(v, 0, "inconsistent", f"the log records {len(unlisted)} deletion(s) that forgotten.json lacks: "
                      + ", ".join(map(str, unlisted[:10])))
-    try:
-        with np.load(paths.bank) as data:
-            back = sorted(set(data["ids"].tolist()) & (deleted - pending))
-    except Exception as exc:
-        raise MunkeyError(f"The memory bank {paths.bank} is damaged ({type(exc).__name__}); restore the run from a "
-                          "backup.") from None
+    back = sorted(set(bank_ids(paths.root).tolist()) & (deleted - pending))
     if back:
         return _fail(v, 0, "inconsistent", f"{len(back)} sample(s) the log records as deleted are in the memory bank "
                      "again: " + ", ".join(map(str, back[:10])))

@@ -29,6 +29,7 @@ from munkey_core.classifier_run import ClassifierRun, run_kind, train_classifier
 from munkey_core.errors import MunkeyError
 from munkey_core.evidence import model_fingerprint
 from munkey_core.memory import MemoryBank
+from munkey_core import runstore
 from munkey_core.predict import predict
 from munkey_core.storage import atomic_torch_save, atomic_write_json, read_json
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, ssd_forget
@@ -355,9 +356,11 @@ class ClassEditor:
                                                     "Ar": request.after.Ar, "Delta": request.delta}]
         config["edits"] = lineage
         if self.kind == "munkey":
-            for name in ("bank.npz", "forgotten.json", "history.json"):
-                if (self.root / name).exists():
-                    shutil.copy2(self.root / name, out / name)
+            with self.run.runlock.hold(exclusive=False):  # no deletion of the source while copying
+                runstore.write_bank(out / runstore.BANK_STORE, runstore.load_bank(self.root))
+                for name in ("forgotten.json", "history.json"):
+                    if (self.root / name).exists():
+                        shutil.copy2(self.root / name, out / name)
         atomic_torch_save(out / "model.pt", model.state_dict())
         atomic_write_json(out / "config.json", config)
         if self.kind == "munkey" and request.method.startswith("keys"):

@@ -6,7 +6,8 @@ audit log (a tampered log refuses it; an unknown or missing id refuses it and th
 logged). Everything the log entry needs from *before* the change (per-sample fingerprints, model
 and bank fingerprints, metrics) is gathered, then `journal.json` is written atomically: that
 write is the commit point, and the journal is the pending audit entry. Then, in order and each
-step idempotent: forgotten.json, every checkpoint, bank.npz, the post-deletion evidence (and
+step idempotent: forgotten.json, every checkpoint's row file, the bank store (each purged in place:
+O(#ids) bytes written, durable on return; runstore.py), the post-deletion evidence (and
 evaluation), the audit entry (skipped if the log already holds this request id), the receipt;
 the journal is removed last. A crash before the commit point leaves the run as it was; after it,
 the next open of the run (or the next request) finishes the journal ("roll forward"), so the run

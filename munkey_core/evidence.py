@@ -5,8 +5,8 @@
   its image (as the dataset holds it). Only these hashes are recorded, never the vectors.
 - `retrieval_evidence`: the deleted ids cannot be retrieved any more: the bank is searched with
   their own keys and with a probe set (the test split's keys, at most `PROBE_CAP`), top-k with k
-  well above the K used at inference; and none of them is in the bank in memory, in bank.npz or
-  in any checkpoint. Cost: two bank searches and reading the ids of each saved file.
+  well above the K used at inference; and none of them is in the bank in memory, in the bank file
+  or in any checkpoint. Cost: two bank searches and reading the id column of each saved file.
 - `request_accuracy_and_mia`: FA on this request's samples and the cheap membership attack (forget
   vs test, metrics.mia_auc). Cost: forwards over the request and over <= max_samples test images.
 Tests: tests/test_audit.py, tests/test_purge.py.
@@ -22,6 +22,7 @@ import torch
 
 from munkey_core.errors import MunkeyError
 from munkey_core.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc
+from munkey_core.runstore import bank_ids, checkpoint_ids_present
 
 if TYPE_CHECKING:
     from munkey_core.service import MunkeyRun
@@ -97,14 +98,13 @@ def _search_hits(run: "MunkeyRun", queries: np.ndarray, ids: set[int], k: int) -
     return sorted(found & ids)
 
 
-def saved_ids(run: "MunkeyRun") -> tuple[set[int], dict[str, list[int]]]:
-    """Ids in bank.npz, and per checkpoint file the ids it holds exemplars for."""
-    with np.load(run.paths.bank) as data:
-        bank_ids = set(int(i) for i in data["ids"])
-    ckpts = {}
-    for path in sorted(run.paths.checkpoints.glob("epoch_*.pt")):
-        ckpts[path.name] = [int(i) for i in torch.load(path, map_location="cpu", weights_only=True)["ids"].tolist()]
-    return bank_ids, ckpts
+def saved_copies(run: "MunkeyRun", ids: Sequence[int]) -> tuple[list[int], dict[str, list[int]], int]:
+    """Which of `ids` the bank file still holds, which each checkpoint file still holds rows for, and
+    how many checkpoints were checked."""
+    wanted = np.asarray(sorted(set(int(i) for i in ids)), dtype=np.int64)
+    in_bank = [int(i) for i in wanted[np.isin(wanted, bank_ids(run.paths.root))]]
+    in_ckpts, n_ckpts = checkpoint_ids_present(run.paths.checkpoints, wanted)
+    return in_bank, in_ckpts, n_ckpts
 
 
 def retrieval_evidence(run: "MunkeyRun", ids: Sequence[int], keys: np.ndarray | None) -> dict:
@@ -125,11 +125,11 @@ def retrieval_evidence(run: "MunkeyRun", ids: Sequence[int], keys: np.ndarray | 
                                "retrieved": _search_hits(run, probe, wanted, k)}
     except MunkeyError as exc:
         out["probe_search"] = {"set": None, "queries": 0, "retrieved": [], "note": f"no probe set: {exc}"}
-    bank_ids, ckpts = saved_ids(run)
+    in_bank_file, in_ckpts, n_ckpts = saved_copies(run, ids)
     out["in_memory_bank"] = sorted(i for i in ids if i in run.bank)
-    out["in_bank_file"] = sorted(wanted & bank_ids)
-    out["in_checkpoints"] = {name: sorted(wanted & set(c)) for name, c in ckpts.items() if wanted & set(c)}
-    out["checkpoints_checked"] = len(ckpts)
+    out["in_bank_file"] = in_bank_file
+    out["in_checkpoints"] = in_ckpts
+    out["checkpoints_checked"] = n_ckpts
     out["passed"] = not (out["own_key_search"]["retrieved"] or out["probe_search"]["retrieved"]
                          or out["in_memory_bank"] or out["in_bank_file"] or out["in_checkpoints"])
     return out

@@ -218,7 +218,7 @@ def render_html(receipt: dict) -> str:
              _ok(not own.get("retrieved") if own.get("queries") else None)),
             (f"Search with a probe set ({probe.get('set')}, {probe.get('queries')} queries, top {ev.get('k')})",
              _ok(not probe.get("retrieved") if probe.get("queries") else None)),
-            ("None left in the memory bank (memory and bank.npz)",
+            ("None left in the memory bank (memory and bank file)",
              _ok(not ev.get("in_memory_bank") and not ev.get("in_bank_file")) if ev else _ok(None)),
             (f"None left in the {ev.get('checkpoints_checked')} checkpoint(s)", _ok(not ev.get("in_checkpoints"))
              if ev else _ok(None)),

@@ -2,11 +2,12 @@
 
     config.json       dataset, encoder, profile, model and training configs, class names
     model.pt          backbone + adapter + null tokens (state dict)
-    bank.npz          ids, labels, keys, exemplars, AdamW moments of the exemplars
+    bank.store        ids, labels, keys, exemplars, AdamW moments of the exemplars: a fixed-row file
+                      that deletes in place (bankstore.py), with its redo record bank.store.redo
     forgotten.json    every deleted id with its request time (written *before* the bank, see below)
     history.json      per-epoch training record
     metrics.json      every evaluation, in order
-    checkpoints/      epoch_NNN.pt: weights + exemplars of the newest epochs
+    checkpoints/      epoch_NNN.pt (weights) + epoch_NNN.rows (exemplar rows) of the newest epochs
     audit.json        the audit log's binding: run id, backend (sqlite | postgresql), where (no password)
     audit.sqlite      the audit log, when it is the run's own (default)
     audit_head.json   (seq, hash) of the log's newest entry: the anchor that shows truncation
@@ -15,7 +16,10 @@
     receipts/         <request id>.json and .html per request
     .lock             the inter-process lock file (flock; runlock.py)
 
-Every file is written atomically. A deletion (deletion.py) writes journal.json first (the commit
+This is format 2 (config.json "format"); a format-1 run (bank.npz, exemplar rows inside each
+epoch_NNN.pt) is migrated when first opened (runstore.py). Every file is written atomically, except
+the row files, which change in place through their redo records (a crash leaves the old rows or
+the new ones). A deletion (deletion.py) writes journal.json first (the commit
 point), then forgotten.json, the checkpoints, the bank, the audit entry and the receipt, and
 removes the journal; an interrupted deletion is rolled forward when the run is next opened, so the
 run is always either before or after a request.
@@ -31,7 +35,7 @@ import torch
 from munkey_core.errors import MunkeyError
 from munkey_core.storage import read_json
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # runstore.STORE_FORMAT
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,12 @@ class RunPaths:
 
     @property
     def bank(self) -> Path:
+        """The bank store (format 2)."""
+        return self.root / "bank.store"
+
+    @property
+    def legacy_bank(self) -> Path:
+        """The format-1 bank, present only until the run is migrated."""
         return self.root / "bank.npz"
 
     @property
@@ -74,7 +84,7 @@ def open_run(path: str | Path) -> RunPaths:
         raise MunkeyError(f"Run directory {root} does not exist. Train one with 'munkey train --out {root}'.")
     paths = RunPaths(root)
     for required in (paths.config, paths.model, paths.bank):
-        if not required.exists():
+        if not required.exists() and not (required == paths.bank and paths.legacy_bank.exists()):
             raise MunkeyError(f"{root} is not a complete run directory ({required.name} is missing). "
                               "Train one with 'munkey train', or restore it from a backup.")
     return paths

@@ -22,12 +22,13 @@ import torch
 from munkey_core import data as data_mod
 from munkey_core import deletion
 from munkey_core import keys as keys_mod
+from munkey_core import runstore
+from munkey_core.bankstore import BankStore
 from munkey_core.config import ModelConfig, TrainConfig, from_dict, resolve_device, resolve_profile, with_overrides
 from munkey_core.deletion import ForgetResult
 from munkey_core.errors import MunkeyError
 from munkey_core.evidence import model_fingerprint
 from munkey_core.images import match_channels, read_image_file, resize_to
-from munkey_core.memory import MemoryBank
 from munkey_core.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc, pathway_sensitivity
 from munkey_core.model import MunkeyViT, preprocess_images
 from munkey_core.predict import Predictions, predict
@@ -99,7 +100,7 @@ def write_run(out: Path, result, ds: "data_mod.Dataset", enc, profile: str, mode
     """Write a trained model's run directory (weights, bank, history, config), each file atomically."""
     paths = RunPaths(Path(out))
     atomic_torch_save(paths.model, result.model.state_dict())
-    result.bank.save(paths.bank)
+    runstore.write_bank(paths.bank, result.bank)
     atomic_write_json(paths.history, result.history)
     atomic_write_json(paths.config, {
         "format": FORMAT_VERSION, "created": _now(), "dataset": ds.name,
@@ -131,6 +132,10 @@ class MunkeyRun:
         self.runlock = RunLock(self.paths.root)  # processes: deletions and appends hold it exclusively
         self._encoder: keys_mod.KeyEncoder | None = None
         self._dataset = None
+        if runstore.needs_migration(self.paths.root):  # a format-1 run: bank.npz -> bank.store, once
+            with self.runlock.hold(exclusive=True):
+                runstore.migrate(self.paths.root)
+            self.config = read_config(self.paths)
         with self.runlock.hold(exclusive=False):
             self._load_state()
             busy = deletion.needs_recovery(self)
@@ -150,8 +155,10 @@ class MunkeyRun:
         return tuple(out)
 
     def _load_state(self) -> None:
-        """(Re)read the bank and forgotten.json from disk."""
-        self.bank = MemoryBank.load(self.paths.bank).to(self.device)
+        """(Re)read the bank and forgotten.json from disk (opening the store finishes an interrupted
+        row update first; bankstore.py)."""
+        with BankStore(self.paths.bank) as store:
+            self.bank = store.to_bank().to(self.device)
         self.forgotten = read_forgotten(self.paths)
         self._stamp = self._disk_stamp()
 
@@ -244,10 +251,10 @@ class MunkeyRun:
         return self.forget(random_ids(self.bank.ids, fraction, seed), **{"source": "random-fraction", **kwargs})
 
     def _apply_deletion(self, ids: Sequence[int]) -> None:
-        """Remove ids from the bank in memory and on disk (swap-with-last, vacated rows zeroed)."""
+        """Remove ids from the bank in memory and in bank.store (swap-with-last, vacated rows zeroed,
+        durable on return): O(#ids) in time and bytes written, whatever the bank size."""
         self.bank.delete(ids)
-        self.bank.compact()
-        self.bank.save(self.paths.bank)
+        runstore.delete_bank_rows(self.paths.bank, ids)
         self._stamp = self._disk_stamp()
 
     def _recover(self) -> None:

@@ -28,7 +28,7 @@ from munkey_core.config import ModelConfig, TrainConfig
 from munkey_core.memory import MemoryBank
 from munkey_core.model import MunkeyViT, preprocess_images
 from munkey_core.predict import predict
-from munkey_core.storage import atomic_torch_save
+from munkey_core.runstore import checkpoints, remove_checkpoint, write_checkpoint
 from munkey_core.torchfix import odd_batch_guard
 
 EpochCallback = Callable[[dict], None]
@@ -166,12 +166,13 @@ def validation_accuracy(model: MunkeyViT, bank: MemoryBank, val: TrainData, cfg:
 
 def save_checkpoint(directory: Path, epoch: int, model: MunkeyViT, bank: MemoryBank, record: dict,
                     keep: int) -> Path:
-    """Write epoch `epoch`'s weights and exemplars; keep only the newest `keep` (0 keeps all)."""
+    """Write epoch `epoch`'s weights (epoch_NNN.pt) and exemplar rows (epoch_NNN.rows, a fixed-row file
+    that a deletion purges in place; runstore.py); keep only the newest `keep` (0 keeps all)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"epoch_{epoch:03d}.pt"
-    atomic_torch_save(path, {"epoch": epoch, "record": record, "model": model.state_dict(),
-                             "ids": torch.from_numpy(bank.ids.copy()), "values": bank.values.detach().cpu().clone()})
+    write_checkpoint(path, {"epoch": epoch, "record": record, "model": model.state_dict()},
+                     bank.ids, bank.labels, bank.values.detach().cpu().numpy())
     if keep > 0:
-        for old in sorted(directory.glob("epoch_*.pt"))[:-keep]:
-            old.unlink()
+        for old in checkpoints(directory)[:-keep]:
+            remove_checkpoint(old)
     return path

@@ -27,7 +27,7 @@ import numpy as np
 
 from munkey_core.errors import MunkeyError
 from munkey_core.jobs import BackgroundJob, ProgressJob
-from munkey_core.memory import MemoryBank
+from munkey_core.runstore import bank_ids
 from munkey_core.predict import Predictions
 from munkey_core.service import MunkeyRun, Progress, train_run
 from munkey_core.unlearn.keydelete import ids_from_bytes  # noqa: F401  (re-exported for the pages)
@@ -184,7 +184,7 @@ def retrieval_check(run: MunkeyRun, ids: Sequence[int], k: int | None = None) ->
             found = set(int(x) for x in run.bank.ids[rows.cpu().numpy()].ravel())
         else:
             found = set()
-    on_disk = set(int(x) for x in MemoryBank.load(run.paths.bank).ids)
+    on_disk = set(int(x) for x in bank_ids(run.paths.root))
     result["retrieved"] = sorted(found & set(ids))
     result["in_memory_bank"] = in_memory
     result["in_bank_file"] = sorted(on_disk & set(ids))

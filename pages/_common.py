@@ -10,6 +10,7 @@ from pathlib import Path
 import streamlit as st
 
 from munkey_core.errors import MunkeyError
+from munkey_core.runstore import bank_stamp
 from munkey_core.service import MunkeyRun
 from typing import Callable, Sequence
 
@@ -25,15 +26,14 @@ def run_dir() -> Path:
     return Path(env).expanduser().resolve() if env else DEFAULT_RUN
 
 
-def _bank_stamp(path: Path) -> tuple[int, int]:
-    st_ = (path / "bank.npz").stat()
-    return st_.st_mtime_ns, st_.st_size
+def _bank_stamp(path: Path) -> tuple[int, int, int]:
+    return bank_stamp(path)
 
 
 @st.cache_resource(max_entries=2, show_spinner="Opening the run...")
-def _open_run(path: str, bank_stamp: tuple[int, int]) -> MunkeyRun:
+def _open_run(path: str, bank_stamp: tuple[int, int, int]) -> MunkeyRun:
     # bank_stamp is part of the cache key: a deletion made elsewhere (CLI, another session)
-    # rewrites bank.npz, so the next script run reopens the run.
+    # writes the bank file and forgotten.json, so the next script run reopens the run.
     return MunkeyRun(path)
 
 

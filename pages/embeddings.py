@@ -15,6 +15,7 @@ import streamlit as st
 
 from munkey_core.embeddings import (MAX_POINTS, EmbeddingJob, EmbeddingMaps, MapParams, ids_csv, ids_from_points,
                                     trace_groups)
+from munkey_core.runstore import bank_stamp
 from pages._common import require_run, thumbnail_grid, user_errors
 
 PREFILL_KEY = "deletion_ids_prefill"  # read by the Deletion requests page: list[int], ascending
@@ -27,8 +28,8 @@ names = run.class_names
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _job(path: str, bank_stamp: tuple[int, int], max_points: int, seed: int, _run) -> EmbeddingJob:
-    # bank_stamp (mtime, size of bank.npz) is in the key: a deletion rewrites the bank -> new maps.
+def _job(path: str, bank_stamp: tuple[int, int, int], max_points: int, seed: int, _run) -> EmbeddingJob:
+    # bank_stamp (runstore.bank_stamp) is in the key: a deletion writes the bank -> new maps.
     return EmbeddingJob(_run, MapParams(max_points=max_points, seed=seed))
 
 
@@ -122,8 +123,7 @@ with st.sidebar:
                                      key="emb_max_points"))
     seed = int(st.number_input("UMAP seed", 0, 2**31 - 1, 0, key="emb_seed"))
 
-bank_file = Path(run.paths.bank)
-stamp = (bank_file.stat().st_mtime_ns, bank_file.stat().st_size)
+stamp = bank_stamp(run.paths.root)
 job = _job(str(Path(run.paths.root).resolve()), stamp, max_points, seed, run)
 if job.state == "idle":
     job.start()

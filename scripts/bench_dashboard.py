@@ -73,12 +73,12 @@ class Bench:
 
 def measure(bench: Bench, repeats: int, png: bytes) -> tuple[list[tuple[str, list[float]]], dict[str, float]]:
     """The interactions (name, seconds per repeat), and the long jobs (name -> seconds, timed once)."""
-    from munkey_core.memory import MemoryBank
+    from munkey_core.runstore import bank_ids as stored_ids
 
     rows: dict[str, list[float]] = {}
     add = lambda name, s: rows.setdefault(name, []).append(s)  # noqa: E731
     long_jobs: dict[str, float] = {}
-    bank_ids = [int(i) for i in MemoryBank.load(bench.run_dir / "bank.npz").ids]
+    bank_ids = [int(i) for i in stored_ids(bench.run_dir)]
 
     at = bench.new()
     long_jobs["first app run in a fresh server (imports, opening the run)"] = bench.timed(at, at.run)

@@ -11,6 +11,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from munkey_core.runstore import load_bank, load_checkpoint
+
 
 def fork(fn: Callable[[], int], env: dict[str, str] | None = None) -> int:
     """Start `fn` in a forked child process; returns its pid (reap it with `reap`).
@@ -51,8 +53,7 @@ def cli(*argv: str) -> Callable[[], int]:
 def deleted_byte_patterns(run: Path, ids: list[int]) -> dict[str, bytes]:
     """Every stored copy of the given samples' vectors: bank key, exemplar and moment rows, and each
     checkpoint's exemplar row. Keys shared with a retained sample (duplicate images) are left out."""
-    with np.load(run / "bank.npz") as data:
-        arrays = {k: data[k] for k in data.files}
+    arrays = load_bank(run).to_arrays()
     row = {int(i): r for r, i in enumerate(arrays["ids"])}
     keep = np.ones(len(arrays["ids"]), bool)
     keep[[row[i] for i in ids]] = False
@@ -66,7 +67,7 @@ def deleted_byte_patterns(run: Path, ids: list[int]) -> dict[str, bytes]:
                 continue
             patterns[f"{field}[{i}]"] = b
     for ck in sorted((run / "checkpoints").glob("*.pt")):
-        c = torch.load(ck, map_location="cpu", weights_only=True)
+        c = load_checkpoint(ck)
         pos = {int(x): p for p, x in enumerate(c["ids"].tolist())}
         for i in ids:
             if i in pos:

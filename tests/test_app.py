@@ -12,7 +12,7 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.errors import AppTestError
 
-from munkey_core.memory import MemoryBank
+from munkey_core.runstore import load_bank
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TIMEOUT = 60
@@ -95,7 +95,7 @@ def test_evidence_upload_shows_neighbours_and_survives_a_corrupt_file(tiny_run_t
 
 
 def test_operator_deletes_and_sees_metrics(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bank0 = MemoryBank.load(tiny_run / "bank.npz")
+    bank0 = load_bank(tiny_run)
     ids = [int(i) for i in bank0.ids[:6]]
     at = _page(_app(monkeypatch, tiny_run, token=TOKEN), "deletions")
     at.text_area(key="ids_text").input(", ".join(map(str, ids))).run()
@@ -113,7 +113,7 @@ def test_operator_deletes_and_sees_metrics(tiny_run: Path, monkeypatch: pytest.M
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     assert "deletion_job" not in at.session_state
-    bank1 = MemoryBank.load(tiny_run / "bank.npz")
+    bank1 = load_bank(tiny_run)
     assert len(bank1) == len(bank0) - 6 and not set(ids) & set(bank1.ids.tolist())
     table = at.dataframe[0].value  # before/after metrics
     assert list(table["metric"]) == ["TA", "RA", "FA", "MIA", "Ps"]
@@ -129,8 +129,8 @@ def test_operator_deletes_and_sees_metrics(tiny_run: Path, monkeypatch: pytest.M
 
 
 def test_viewer_cannot_delete(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fp = MemoryBank.load(tiny_run / "bank.npz").fingerprint()
-    ids = MemoryBank.load(tiny_run / "bank.npz").ids[:3].tolist()
+    fp = load_bank(tiny_run).fingerprint()
+    ids = load_bank(tiny_run).ids[:3].tolist()
     at = _page(_app(monkeypatch, tiny_run, token=TOKEN), "deletions")
     at.radio(key="method").set_value("Upload an ids file").run()
     at.file_uploader(key="ids_file").set_value(("req.csv", ("id\n" + "\n".join(map(str, ids))).encode(),
@@ -143,14 +143,14 @@ def test_viewer_cannot_delete(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(AppTestError):
         at.button(key="delete").click()
     at.run()
-    assert MemoryBank.load(tiny_run / "bank.npz").fingerprint() == fp
+    assert load_bank(tiny_run).fingerprint() == fp
     # select by similarity to an uploaded image: preview works for a viewer too
     at.radio(key="method").set_value("Similar to an image").run()
     at.file_uploader(key="query_images").set_value(("me.png", _digit_png(), "image/png"))
     at.number_input(key="top_n").set_value(5).run()
     assert not at.exception and len(at.multiselect(key="similar_pick").value) == 5
     assert at.button(key="delete").disabled
-    assert MemoryBank.load(tiny_run / "bank.npz").fingerprint() == fp
+    assert load_bank(tiny_run).fingerprint() == fp
 
 
 def test_overview_evaluate_now_shows_metrics_without_changing_the_run(tiny_run: Path,
@@ -192,7 +192,7 @@ def test_damaged_run_shows_an_error_not_a_traceback(tiny_run: Path, monkeypatch:
 
 def test_selection_from_embeddings_prefills_the_deletion_form(tiny_run_template: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    ids = MemoryBank.load(tiny_run_template / "bank.npz").ids[:3].tolist()
+    ids = load_bank(tiny_run_template).ids[:3].tolist()
     at = _app(monkeypatch, tiny_run_template)
     at.session_state["deletion_ids_prefill"] = ids
     _page(at, "deletions")

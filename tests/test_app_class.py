@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from munkey_core.memory import MemoryBank
+from munkey_core.runstore import load_bank
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TOKEN = "class token"
@@ -57,7 +57,7 @@ def test_munkey_run_keys_and_unact_with_keep(tiny_run: Path, monkeypatch: pytest
     metrics = {m.label: m.value for m in at.metric}
     assert "Af (forgotten class)" in metrics and metrics["Delta vs the class oracle"] == "no oracle"
     assert len(at.get("plotly_chart")) >= 1
-    before = MemoryBank.load(tiny_run / "bank.npz").fingerprint()
+    before = load_bank(tiny_run).fingerprint()
     keep = at.button(key="class_keep")
     assert keep.disabled  # no credential yet
     at.text_input(key="class_credential").set_value(TOKEN)
@@ -68,8 +68,8 @@ def test_munkey_run_keys_and_unact_with_keep(tiny_run: Path, monkeypatch: pytest
     at.button(key="class_keep").click().run()
     assert not at.exception
     assert any("Saved as a new run" in s.value for s in at.success)
-    assert not np.any(MemoryBank.load(out / "bank.npz").labels == 3)
-    assert MemoryBank.load(tiny_run / "bank.npz").fingerprint() == before  # the open run is untouched
+    assert not np.any(load_bank(out).labels == 3)
+    assert load_bank(tiny_run).fingerprint() == before  # the open run is untouched
 
 
 def test_resnet_beside_the_run_compares_with_ssd(tiny_run: Path, tiny_classifier_runs, monkeypatch) -> None:

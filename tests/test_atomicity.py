@@ -16,9 +16,9 @@ import pytest
 from _helpers import cli, deleted_byte_patterns, files_holding, fork, forked, reap
 from munkey_core import audit, receipts
 from munkey_core.deletion import CRASH_STEPS
-from munkey_core.memory import MemoryBank
 from munkey_core.runlock import RunLock
 from munkey_core.service import MunkeyRun
+from munkey_core.runstore import load_bank
 
 VICTIMS = [5, 17, 300]
 
@@ -106,7 +106,7 @@ def test_the_crash_hook_works_in_a_fresh_interpreter(template: Path, tmp_path: P
 
 def test_two_processes_deleting_at_once_are_serialised(template: Path, tmp_path: Path) -> None:
     run = _copy(template, tmp_path / "run")
-    bank0 = MemoryBank.load(run / "bank.npz")
+    bank0 = load_bank(run)
     n0 = len(bank0)
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
@@ -130,7 +130,7 @@ def test_two_processes_deleting_at_once_are_serialised(template: Path, tmp_path:
         time.sleep(0.5)
     codes = [reap(pid) for pid in pids]
     assert codes == [0, 0]
-    bank = MemoryBank.load(run / "bank.npz")
+    bank = load_bank(run)
     assert len(bank) == n0 - 5 and not {i for g in groups for i in g} & set(bank.ids.tolist())
     assert sorted(json.loads((run / "forgotten.json").read_text())["ids"]) == sorted(i for g in groups for i in g)
     v = audit.verify_run(run)

@@ -13,7 +13,7 @@ from _helpers import sqlite_exec
 from munkey_core import audit, receipts
 from munkey_core.canonical import canonical_json
 from munkey_core.cli import main
-from munkey_core.memory import MemoryBank
+from munkey_core.runstore import load_bank
 
 OP = ("--operator", "Dana Ortiz (DPO)")
 
@@ -141,7 +141,7 @@ def test_an_append_interrupted_before_its_anchor_is_not_tampering(tmp_path: Path
 
 
 def test_forget_records_entry_and_receipt_that_verify(tiny_run: Path, capsys) -> None:
-    ids = MemoryBank.load(tiny_run / "bank.npz").ids[:4].tolist()
+    ids = load_bank(tiny_run).ids[:4].tolist()
     code, out, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--subject", "case 2024-117", "--ids",
                              ",".join(map(str, ids)), "--max-samples", "120", "--json")
     assert code == 0, err
@@ -155,7 +155,7 @@ def test_forget_records_entry_and_receipt_that_verify(tiny_run: Path, capsys) ->
     assert body["subject_ref"].startswith("hmac-sha256:") and "2024-117" not in json.dumps(rec)
     assert body["model"]["before"] == body["model"]["after"]
     assert body["bank"]["after"]["size"] == body["bank"]["before"]["size"] - 4
-    assert body["bank"]["after"]["fingerprint"] == MemoryBank.load(tiny_run / "bank.npz").fingerprint()
+    assert body["bank"]["after"]["fingerprint"] == load_bank(tiny_run).fingerprint()
     assert body["received"] <= body["executed"]
     m = body["metrics"]
     assert m["before"]["TA"] is not None and m["after"]["FA"] is not None and m["after"]["MIA"] is not None
@@ -192,16 +192,16 @@ def test_forget_records_entry_and_receipt_that_verify(tiny_run: Path, capsys) ->
 
 
 def test_refused_requests_are_logged_and_change_nothing(tiny_run: Path, tmp_path: Path, capsys) -> None:
-    fp = MemoryBank.load(tiny_run / "bank.npz").fingerprint()
+    fp = load_bank(tiny_run).fingerprint()
     binary = tmp_path / "ids.png"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
-    good = int(MemoryBank.load(tiny_run / "bank.npz").ids[0])
+    good = int(load_bank(tiny_run).ids[0])
     for args, message in [(["--ids", "999999"], "not training samples"), (["--ids", "3,x"], "malformed"),
                           (["--ids", " "], "names no sample id"), (["--ids-file", str(binary)], "not a text file"),
                           (["--ids", f"{good},424242"], "424242"), (["--random-fraction", "2"], "between 0 and 1")]:
         code, out, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--no-evaluate", *args)
         assert code == 2 and message in err and "recorded in the audit log" in err and out == ""
-    assert MemoryBank.load(tiny_run / "bank.npz").fingerprint() == fp
+    assert load_bank(tiny_run).fingerprint() == fp
     assert not (tiny_run / "forgotten.json").exists() and not list((tiny_run / "checkpoints").glob(".*"))
     code, out, _ = run_cli(capsys, "audit", "show", str(tiny_run), "--json")
     entries = json.loads(out)["entries"]
@@ -215,30 +215,30 @@ def test_refused_requests_are_logged_and_change_nothing(tiny_run: Path, tmp_path
 
 
 def test_a_tampered_log_refuses_deletions_and_is_not_extended(tiny_run: Path, capsys) -> None:
-    ids = MemoryBank.load(tiny_run / "bank.npz").ids[:3].tolist()
+    ids = load_bank(tiny_run).ids[:3].tolist()
     assert run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", str(ids[0]), "--no-evaluate")[0] == 0
     sqlite_exec(tiny_run, "DELETE FROM audit_log WHERE seq = 1")
-    fp = MemoryBank.load(tiny_run / "bank.npz").fingerprint()
+    fp = load_bank(tiny_run).fingerprint()
     code, _, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", str(ids[1]), "--no-evaluate")
     assert code == 2 and "audit log is not intact" in err and "Nothing was deleted" in err
-    assert MemoryBank.load(tiny_run / "bank.npz").fingerprint() == fp
+    assert load_bank(tiny_run).fingerprint() == fp
     assert sqlite3.connect(tiny_run / "audit.sqlite").execute("SELECT count(*) FROM audit_log").fetchone()[0] == 0
     code, out, _ = run_cli(capsys, "audit", "verify", str(tiny_run))
     assert code == 1 and "removed from the end" in out
 
 
 def test_damaged_run_or_log_gives_a_clear_message(tiny_run: Path, tmp_path: Path, capsys) -> None:
-    ids = MemoryBank.load(tiny_run / "bank.npz").ids[:2].tolist()
-    data = (tiny_run / "bank.npz").read_bytes()
-    (tiny_run / "bank.npz").write_bytes(data[: len(data) // 2])
+    ids = load_bank(tiny_run).ids[:2].tolist()
+    data = (tiny_run / "bank.store").read_bytes()
+    (tiny_run / "bank.store").write_bytes(data[: len(data) // 2])
     code, _, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", str(ids[0]), "--no-evaluate")
     assert code == 2 and "damaged or truncated" in err and "Traceback" not in err
     assert "recorded in the audit log" in err  # the log itself is intact
-    (tiny_run / "bank.npz").write_bytes(data)
+    (tiny_run / "bank.store").write_bytes(data)
     (tiny_run / "audit.sqlite").write_bytes(b"not a database at all" * 100)
     code, _, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", str(ids[0]), "--no-evaluate")
     assert code == 2 and "audit log" in err and "damaged" in err
-    assert ids[0] in MemoryBank.load(tiny_run / "bank.npz")
+    assert ids[0] in load_bank(tiny_run)
     code, _, err = run_cli(capsys, "audit", "verify", str(tiny_run))
     assert code == 2 and "damaged" in err
     (tiny_run / "audit.json").unlink()

@@ -14,8 +14,8 @@ from PIL import Image
 from munkey_core.classforget import ClassEditor, class_metrics
 from munkey_core.classifier_run import ClassifierRun
 from munkey_core.cli import main
-from munkey_core.memory import MemoryBank
 from _helpers import file_digests
+from munkey_core.runstore import load_bank
 
 
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
@@ -115,16 +115,16 @@ def test_vit_run_unact(tiny_classifier_runs, capsys) -> None:
 
 
 def test_munkey_class_key_deletion_and_unact(tiny_run: Path, capsys) -> None:
-    bank_before = MemoryBank.load(tiny_run / "bank.npz").fingerprint()
+    bank_before = load_bank(tiny_run).fingerprint()
     out = tiny_run.parent / "no_twos"
     code, text, err = run_cli(capsys, "unact", str(tiny_run), "--class", "2", "--n", "20", "--method", "keys+unact",
                               "--operator", "alice", "--out", str(out), "--json")
     assert code == 0, err
     row = json.loads(text)
     assert row["keys_deleted"] > 0 and row["Af"] < row["Af_before"]
-    assert MemoryBank.load(tiny_run / "bank.npz").fingerprint() == bank_before  # original untouched
-    new_bank = MemoryBank.load(out / "bank.npz")
-    assert not np.any(new_bank.labels == 2) and len(new_bank) == len(MemoryBank.load(tiny_run / "bank.npz")) - row["keys_deleted"]
+    assert load_bank(tiny_run).fingerprint() == bank_before  # original untouched
+    new_bank = load_bank(out)
+    assert not np.any(new_bank.labels == 2) and len(new_bank) == len(load_bank(tiny_run)) - row["keys_deleted"]
     code, text, _ = run_cli(capsys, "audit", "verify", str(out), "--json")
     assert code == 0 and json.loads(text)["ok"]
     code, text, _ = run_cli(capsys, "audit", "show", str(out), "--json")

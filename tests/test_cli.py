@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from munkey_core.cli import main
-from munkey_core.memory import MemoryBank
+from munkey_core.runstore import load_bank, load_checkpoint
 
 
 OP = ("--operator", "tester", "--no-evaluate")  # forget needs a named operator; evaluation is tested elsewhere
@@ -25,7 +25,7 @@ def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
 
 
 def _bank_fingerprint(run: Path) -> str:
-    return MemoryBank.load(run / "bank.npz").fingerprint()
+    return load_bank(run).fingerprint()
 
 
 @pytest.fixture
@@ -79,8 +79,7 @@ def test_forget_then_evaluate_and_deleted_ids_never_retrieved(tiny_run: Path, di
     code, out, _ = run_cli(capsys, "predict", str(tiny_run), str(digit_png), "--k", "200", "--json")
     assert not {n["id"] for n in json.loads(out)["neighbours"]} & set(res["deleted"])
     for ck in (tiny_run / "checkpoints").glob("*.pt"):
-        import torch
-        assert not set(torch.load(ck, weights_only=True)["ids"].tolist()) & set(res["deleted"])
+        assert not set(load_checkpoint(ck)["ids"].tolist()) & set(res["deleted"])
     # deleting again is reported, not an error
     code, out, _ = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", ",".join(map(str, res["deleted"][:2])), "--json")
     assert code == 0 and json.loads(out)["deleted"] == [] and len(json.loads(out)["already_deleted"]) == 2
@@ -88,7 +87,7 @@ def test_forget_then_evaluate_and_deleted_ids_never_retrieved(tiny_run: Path, di
 
 
 def test_forget_by_ids_and_ids_file(tiny_run: Path, tmp_path: Path, capsys) -> None:
-    ids = MemoryBank.load(tiny_run / "bank.npz").ids[:5].tolist()
+    ids = load_bank(tiny_run).ids[:5].tolist()
     code, out, _ = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", f"{ids[0]},{ids[1]}", "--json")
     assert code == 0 and json.loads(out)["deleted"] == ids[:2]
     f = tmp_path / "ids.csv"
@@ -114,10 +113,10 @@ def test_bad_forget_requests_change_nothing(tiny_run: Path, capsys, args: list[s
 
 
 def test_unknown_id_among_good_ones_refuses_the_whole_request(tiny_run: Path, capsys) -> None:
-    good = int(MemoryBank.load(tiny_run / "bank.npz").ids[0])
+    good = int(load_bank(tiny_run).ids[0])
     code, _, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", f"{good},424242")
     assert code == 2 and "424242" in err
-    assert good in MemoryBank.load(tiny_run / "bank.npz")
+    assert good in load_bank(tiny_run)
 
 
 def test_binary_ids_file_is_refused(tiny_run: Path, tmp_path: Path, capsys) -> None:
@@ -145,8 +144,8 @@ def test_errors_for_missing_run_bad_image_and_damaged_bank(tiny_run: Path, tmp_p
     assert code == 2 and "not a readable image" in err
     code, _, err = run_cli(capsys, "predict", str(tiny_run), str(tmp_path / "missing.png"))
     assert code == 2 and "does not exist" in err
-    data = (tiny_run / "bank.npz").read_bytes()
-    (tiny_run / "bank.npz").write_bytes(data[:100])
+    data = (tiny_run / "bank.store").read_bytes()
+    (tiny_run / "bank.store").write_bytes(data[:100])
     code, _, err = run_cli(capsys, "predict", str(tiny_run), str(digit_png))
     assert code == 2 and "damaged" in err and "Traceback" not in err
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from munkey_core.memory import MemoryBank
+from munkey_core.runstore import load_bank
 
 from _browser import ARGS, CHROMIUM, NO_CHROMIUM, TOKEN, digit_png, idle, streamlit_server
 
@@ -49,7 +49,7 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         page.screenshot(path=str(tmp_path / "evidence.png"))
 
         # deletion as the operator
-        bank0 = MemoryBank.load(tiny_run / "bank.npz")
+        bank0 = load_bank(tiny_run)
         ids = [int(i) for i in bank0.ids[:4]]
         page.get_by_role("link", name="Deletion requests").click()
         page.get_by_role("heading", name="Deletion requests").wait_for(timeout=60_000)
@@ -84,7 +84,7 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         viewer.get_by_role("heading", name="MUNKEY model").wait_for(timeout=90_000)
         viewer.get_by_role("link", name="Deletion requests").click()
         viewer.get_by_role("heading", name="Deletion requests").wait_for(timeout=60_000)
-        others = [int(i) for i in MemoryBank.load(tiny_run / "bank.npz").ids[:2]]
+        others = [int(i) for i in load_bank(tiny_run).ids[:2]]
         area = viewer.get_by_label("Sample ids (commas, spaces or new lines)")
         area.fill(", ".join(map(str, others)))
         area.press("Control+Enter")
@@ -92,5 +92,5 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         viewer.get_by_text("Preview").wait_for(timeout=30_000)
         assert viewer.get_by_role("button", name="Delete 2 sample(s)").is_disabled()
         browser.close()
-    bank1 = MemoryBank.load(tiny_run / "bank.npz")
+    bank1 = load_bank(tiny_run)
     assert len(bank1) == len(bank0) - 4 and not set(ids) & set(bank1.ids.tolist())

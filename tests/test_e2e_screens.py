@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from munkey_core.memory import MemoryBank
+from munkey_core.runstore import load_bank
 
 from _browser import ARGS, CHROMIUM, NO_CHROMIUM, ROOT, digit_png, idle, streamlit_server
 WIDTH, HEIGHT = 1400, 1000
@@ -99,7 +99,7 @@ def _lasso(page, plot, whole: bool = False) -> None:
 
 def test_screenshots_of_every_page(server: str, screens_run: Path, shots_dir: Path, tmp_path: Path) -> None:
     png = digit_png(tmp_path / "digit.png")
-    bank_ids = MemoryBank.load(screens_run / "bank.npz").ids
+    bank_ids = load_bank(screens_run).ids
     forgotten_file = screens_run / "forgotten.json"
     forgotten = json.loads(forgotten_file.read_text())["ids"] if forgotten_file.exists() else []
     request = [int(i) for i in bank_ids[:7]] + [int(i) for i in forgotten[:1]]  # one deleted earlier, if any

@@ -21,7 +21,7 @@ import pytest
 from _helpers import cli, forked
 from munkey_core import audit, receipts
 from munkey_core.cli import main
-from munkey_core.memory import MemoryBank
+from munkey_core.runstore import load_bank
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'munkey-core[postgres]')")
 
@@ -86,7 +86,7 @@ def _rows(url: str, run: Path) -> list[tuple]:
 
 
 def test_deletions_are_logged_in_postgres_and_verify(tiny_run: Path, pg_url: str, capsys) -> None:
-    ids = MemoryBank.load(tiny_run / "bank.npz").ids[:3].tolist()
+    ids = load_bank(tiny_run).ids[:3].tolist()
     assert main(["forget", str(tiny_run), "--ids", ",".join(map(str, ids[:2])), "--operator", "pg-op",
                  "--no-evaluate", "--audit-url", pg_url, "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
@@ -113,7 +113,7 @@ def test_deletions_are_logged_in_postgres_and_verify(tiny_run: Path, pg_url: str
 
 def test_postgres_log_is_append_only_and_tampering_is_named(tiny_run: Path, pg_url: str, pg_admin_url: str,
                                                              capsys) -> None:
-    ids = MemoryBank.load(tiny_run / "bank.npz").ids[:2].tolist()
+    ids = load_bank(tiny_run).ids[:2].tolist()
     for i in ids:
         assert main(["forget", str(tiny_run), "--ids", str(i), "--operator", "pg-op", "--no-evaluate",
                      "--audit-url", pg_url]) == 0
@@ -136,7 +136,7 @@ def test_runs_sharing_a_database_keep_separate_chains(tiny_run_template: Path, t
     runs = [tmp_path / "a", tmp_path / "b"]
     for r in runs:
         shutil.copytree(tiny_run_template, r)
-        assert main(["forget", str(r), "--ids", str(int(MemoryBank.load(r / "bank.npz").ids[0])), "--operator", "o",
+        assert main(["forget", str(r), "--ids", str(int(load_bank(r).ids[0])), "--operator", "o",
                      "--no-evaluate", "--audit-url", pg_url]) == 0
     for r in runs:
         assert [row[0] for row in _rows(pg_url, r)] == [1]
@@ -147,7 +147,7 @@ def test_a_crash_after_the_postgres_commit_is_finished_on_open(tiny_run: Path, p
     from munkey_core.service import MunkeyRun
 
     MunkeyRun(tiny_run, device="cpu").split_keys("test")  # keys cached before forking
-    victim = int(MemoryBank.load(tiny_run / "bank.npz").ids[7])
+    victim = int(load_bank(tiny_run).ids[7])
     code = forked(cli("forget", str(tiny_run), "--ids", str(victim), "--operator", "o", "--no-evaluate",
                       "--audit-url", pg_url), env={"MUNKEY_CRASH_AT": "audit-committed"})
     assert code == -9

@@ -9,18 +9,18 @@ from pathlib import Path
 
 from _helpers import deleted_byte_patterns, files_holding
 from munkey_core.cli import main
-from munkey_core.memory import MemoryBank
+from munkey_core.runstore import load_bank
 
 
 def test_deleted_vectors_occur_in_no_file_of_the_run(tiny_run: Path, capsys) -> None:
-    bank = MemoryBank.load(tiny_run / "bank.npz")
+    bank = load_bank(tiny_run)
     # first, last (the swap-with-last edge case) and a few in between
     victims = [int(bank.ids[r]) for r in (0, 1, 200, 777, len(bank) - 2, len(bank) - 1)]
     patterns = deleted_byte_patterns(tiny_run, victims)
     kinds = {name.split("[")[0].split(":")[-1] for name in patterns}
     assert {"keys", "values", "moment_exp_avg", "moment_exp_avg_sq"} <= kinds and len(patterns) > 6 * 4
     before = files_holding(tiny_run, patterns)
-    assert all("bank.npz" in before[k] for k in patterns if "epoch_" not in k)  # the scan does see them
+    assert all("bank.store" in before[k] for k in patterns if "epoch_" not in k)  # the scan does see them
     assert any(k.startswith("epoch_") for k in before)
     assert main(["forget", str(tiny_run), "--ids", ",".join(map(str, victims[:3])), "--operator", "o",
                  "--no-evaluate"]) == 0
@@ -30,7 +30,7 @@ def test_deleted_vectors_occur_in_no_file_of_the_run(tiny_run: Path, capsys) -> 
     capsys.readouterr()
     leftovers = files_holding(tiny_run, patterns)
     assert not leftovers, leftovers
-    after = MemoryBank.load(tiny_run / "bank.npz")
+    after = load_bank(tiny_run)
     assert len(after) == len(bank) - len(victims) and not set(victims) & set(after.ids.tolist())
     # the log: only fingerprints, no journal or WAL file beside it, no free page that could keep old bytes
     assert not list(tiny_run.glob("audit.sqlite-*")) and not (tiny_run / "journal.json").exists()

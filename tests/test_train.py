@@ -9,6 +9,7 @@ from sklearn.datasets import load_digits
 
 from munkey_core.config import ModelConfig, TrainConfig
 from munkey_core.memory import MemoryBank
+from munkey_core.runstore import load_checkpoint
 from munkey_core.train import TrainData, _sample_tokens, cosine_schedule, neighbour_table, train_munkey
 
 MODEL = ModelConfig(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=2,
@@ -36,7 +37,9 @@ def test_training_learns_and_writes_checkpoints(digits: TrainData, tmp_path) -> 
     assert res.history[-1]["loss"] < res.history[0]["loss"]
     assert res.history[-1]["val_acc"] > 60  # chance is 10
     assert sorted(p.name for p in (tmp_path / "ck").glob("*.pt")) == ["epoch_006.pt", "epoch_007.pt", "epoch_008.pt"]
-    ck = torch.load(tmp_path / "ck" / "epoch_008.pt", weights_only=True)
+    assert sorted(p.name for p in (tmp_path / "ck").glob("*.rows")) == ["epoch_006.rows", "epoch_007.rows",
+                                                                        "epoch_008.rows"]
+    ck = load_checkpoint(tmp_path / "ck" / "epoch_008.pt")
     assert torch.equal(ck["values"], res.bank.values) and set(ck["ids"].tolist()) == set(range(600))
     assert set(res.bank.moments) == {"exp_avg", "exp_avg_sq"}
     assert res.bank.moments["exp_avg_sq"].shape == res.bank.values.shape

@@ -11,8 +11,8 @@ import pytest
 
 from munkey_core import views
 from munkey_core.errors import MunkeyError
-from munkey_core.memory import MemoryBank
 from munkey_core.service import MunkeyRun
+from munkey_core.runstore import load_bank
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_delete_and_measure_deletes_and_reports(tiny_run: Path) -> None:
     assert before["MIA"] is None and before["FA"] is not None and before["TA"] is not None
     assert after["FA"] is not None and after["MIA"] is not None and after["deleted"] == len(ids)
     assert summary["retrieval_check"]["ok"] and summary["retrieval_check"]["ids_checked"] == len(ids)
-    assert not set(ids) & set(MemoryBank.load(tiny_run / "bank.npz").ids.tolist())
+    assert not set(ids) & set(load_bank(tiny_run).ids.tolist())
     json.dumps(summary)  # JSON-ready as is
     assert len(run.metrics_history) == 2  # before (no current entry existed) and after
     rows = views.metrics_table(before, after)

@@ -1,8 +1,9 @@
 """Key-deletion unlearning: M_u = M minus {(k_i, v_i) : i in D_f}. No gradients, no retain data.
 
 This module turns a user's request (ids, a file of ids, or a random fraction) into a validated id
-list, and purges those ids from every saved copy of the exemplars (per-epoch checkpoints). The
-bank itself deletes with `MemoryBank.delete` (O(1) per id, physical).
+list, and purges those ids from every saved copy of the exemplars (per-epoch checkpoints, in place).
+The bank itself deletes with `MemoryBank.delete` in memory and `BankStore.delete` on disk (O(1) per
+id, physical).
 Tests: tests/test_forget.py.
 """
 
@@ -13,10 +14,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
-import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.storage import atomic_torch_save
+from munkey_core.runstore import purge_checkpoint_rows
 
 _HEADER_NAMES = {"id", "ids", "sample_id", "sample"}
 
@@ -81,23 +81,7 @@ def random_ids(ids: np.ndarray, fraction: float, seed: int) -> list[int]:
 
 def purge_checkpoints(checkpoint_dir: Path, ids: Iterable[int],
                       on_file: Callable[[Path], None] | None = None) -> int:
-    """Remove the exemplar rows of `ids` from every per-epoch checkpoint; returns files rewritten.
-    Idempotent (a file without those rows is left alone); `on_file` is called after each rewrite."""
-    drop = set(int(i) for i in ids)
-    rewritten = 0
-    for path in sorted(checkpoint_dir.glob("epoch_*.pt")):
-        try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:
-            raise MunkeyError(f"Checkpoint {path} is damaged; delete it or restore it, then retry.") from None
-        ck_ids = ckpt["ids"].numpy()
-        keep = ~np.isin(ck_ids, list(drop))
-        if keep.all():
-            continue
-        ckpt["ids"] = torch.from_numpy(ck_ids[keep].copy())
-        ckpt["values"] = ckpt["values"][torch.from_numpy(keep)].clone()
-        atomic_torch_save(path, ckpt)
-        rewritten += 1
-        if on_file is not None:
-            on_file(path)
-    return rewritten
+    """Remove the exemplar rows of `ids` from every per-epoch checkpoint; returns files changed.
+    Idempotent; `on_file` is called after each change. Row files (format 2) are purged in place,
+    O(#ids) bytes each; a format-1 checkpoint is rewritten (runstore.purge_checkpoint_rows)."""
+    return purge_checkpoint_rows(checkpoint_dir, ids, on_file)

@@ -1,0 +1,272 @@
+"""Where a run directory keeps its per-sample rows, so that forgetting a sample costs O(#deleted) bytes.
+
+Run format 2 (config.json "format": 2):
+    bank.store                 the bank as a BankStore (ids, labels, keys, exemplars, AdamW moments)
+    bank.store.redo            its redo record (holds only rows that are kept; see bankstore.py)
+    checkpoints/epoch_NNN.pt   epoch, training record, model weights (no per-sample row)
+    checkpoints/epoch_NNN.rows that epoch's exemplar rows (ids, labels, exemplars) as a BankStore
+                               without a key column, plus its own .redo
+A deletion overwrites the deleted rows in place in every one of these files (swap-with-last, the
+vacated rows zeroed, two fdatasyncs per file): the bytes written depend on the number of ids, not on
+the bank size. Format 1 (bank.npz; exemplar rows inside each epoch_NNN.pt) was rewritten whole, bank
+and every checkpoint, per request.
+
+Migration (format 1 -> 2) runs once, when the run is first opened by this version, under the run's
+exclusive lock, before any interrupted deletion is finished:
+1. bank.npz -> bank.store (built under a temporary name, fsync'ed, renamed);
+2. per checkpoint: its rows -> epoch_NNN.rows (temporary name, renamed), then epoch_NNN.pt
+   rewritten without them (atomic);
+3. config.json gets "format": 2 (atomic): the commit point;
+4. bank.npz is removed.
+A crash before step 3 leaves a format-1 run that the next open migrates again (each step is
+redone from the format-1 files, which are still complete); after it, the next open removes a
+leftover bank.npz. Cost: one O(N) copy, once.
+Tests: tests/test_runstore.py (migration, crash at each migration step), tests/test_purge.py,
+tests/test_atomicity.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+from munkey_core.bankstore import BankStore
+from munkey_core.errors import MunkeyError
+from munkey_core.memory import MemoryBank
+from munkey_core.runlock import crash_point
+from munkey_core.storage import atomic_torch_save, atomic_write_json, fsync_dir, read_json
+
+STORE_FORMAT = 2
+MIGRATION_CRASH_STEPS = ("migrate-bank", "migrate-checkpoint", "migrate-config")  # tests/test_runstore.py
+BANK_STORE = "bank.store"
+LEGACY_BANK = "bank.npz"
+ROWS_SUFFIX = ".rows"
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _redo(path: Path) -> Path:
+    return path.with_name(path.name + ".redo")
+
+
+def write_store(path: Path, ids: np.ndarray, labels: np.ndarray, keys: np.ndarray, values: np.ndarray,
+                moments: dict[str, np.ndarray] | None = None) -> None:
+    """Create the BankStore `path` from rows, atomically: built under a temporary name, then renamed
+    (a crash leaves the old file or none, never a half-filled store). Removes a stale redo record."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    for stale in (tmp, _redo(tmp)):
+        stale.unlink(missing_ok=True)
+    BankStore.from_arrays(tmp, ids, labels, keys, values, moments).close()
+    _redo(tmp).unlink(missing_ok=True)
+    _redo(path).unlink(missing_ok=True)  # a record of an older file at this name must never replay here
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_bank(path: Path, bank: MemoryBank) -> None:
+    """The bank's rows (same order, float32) as a BankStore at `path`, atomically."""
+    a = bank.to_arrays()
+    moments = {k[len("moment_"):]: v for k, v in a.items() if k.startswith("moment_")}
+    write_store(path, a["ids"], a["labels"], a["keys"], a["values"], moments)
+
+
+def rows_path(checkpoint: Path) -> Path:
+    """The row file of a checkpoint epoch_NNN.pt: epoch_NNN.rows."""
+    return checkpoint.with_suffix(ROWS_SUFFIX)
+
+
+def write_checkpoint(path: Path, payload: dict, ids: np.ndarray, labels: np.ndarray, values: np.ndarray) -> None:
+    """A checkpoint: `payload` (weights, epoch, record) in `path`, the exemplar rows in its row file.
+    The rows are written first, so a checkpoint file never exists without its rows."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    write_store(rows_path(path), np.asarray(ids, dtype=np.int64), np.asarray(labels, dtype=np.int64),
+                np.zeros((len(values), 0), dtype=np.float32), values)
+    atomic_torch_save(path, payload)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint with its row file and the row file's redo record."""
+    rows = rows_path(path)
+    for p in (path, rows, _redo(rows)):
+        p.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def bank_path(root: Path) -> Path:
+    """The bank file of a run directory: bank.store, or bank.npz for a run not yet migrated."""
+    root = Path(root)
+    return root / BANK_STORE if (root / BANK_STORE).exists() or not (root / LEGACY_BANK).exists() \
+        else root / LEGACY_BANK
+
+
+def load_bank(root: Path) -> MemoryBank:
+    """The run's bank as an in-memory MemoryBank (either format; the run is not changed)."""
+    path = bank_path(root)
+    if path.name == LEGACY_BANK:
+        return MemoryBank.load(path)
+    with BankStore(path) as store:
+        return store.to_bank()
+
+
+def bank_ids(root: Path) -> np.ndarray:
+    """The ids stored in the run's bank file (a copy; reads only the id column of a store)."""
+    path = bank_path(root)
+    if path.name == LEGACY_BANK:
+        try:
+            with np.load(path) as data:
+                return np.array(data["ids"])
+        except Exception as exc:
+            raise MunkeyError(f"The memory bank {path} is damaged ({type(exc).__name__}); restore the run from a "
+                              "backup.") from None
+    with BankStore(path) as store:
+        return np.array(store.ids)
+
+
+def bank_stamp(root: Path) -> tuple[int, int, int]:
+    """Changes whenever the run's bank changes on disk (a cache key for the dashboard): the bank
+    file's mtime and size (a deletion writes it in place: same size, new mtime) and forgotten.json's
+    mtime (rewritten by every deletion)."""
+    st = bank_path(root).stat()
+    fg = Path(root) / "forgotten.json"
+    return st.st_mtime_ns, st.st_size, fg.stat().st_mtime_ns if fg.exists() else 0
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """The run's checkpoint files epoch_NNN.pt, oldest first."""
+    return sorted(Path(directory).glob("epoch_*.pt")) if Path(directory).is_dir() else []
+
+
+def row_files(directory: Path) -> list[Path]:
+    """Every checkpoint row file (also one whose .pt is gone: it still holds rows and is purged)."""
+    return sorted(Path(directory).glob(f"epoch_*{ROWS_SUFFIX}")) if Path(directory).is_dir() else []
+
+
+def _torch_load(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        raise MunkeyError(f"Checkpoint {path} is damaged; delete it or restore it, then retry.") from None
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint with its rows as tensors "ids" (N,) and "values" (N, Dv), whatever its format."""
+    ckpt = _torch_load(path)
+    rows = rows_path(path)
+    if "ids" not in ckpt and rows.exists():
+        with BankStore(rows) as store:
+            ckpt["ids"] = torch.from_numpy(np.array(store.ids))
+            ckpt["values"] = torch.from_numpy(np.array(store.values, dtype=np.float32))
+    return ckpt
+
+
+def checkpoint_ids_present(directory: Path, ids: Iterable[int]) -> tuple[dict[str, list[int]], int]:
+    """({file name: the given ids it still holds rows for}, number of checkpoints checked).
+    Row files are scanned by their id column; a format-1 checkpoint is loaded."""
+    wanted = np.asarray(sorted(set(int(i) for i in ids)), dtype=np.int64)
+    found: dict[str, list[int]] = {}
+    files = checkpoints(directory)
+    for path in files:
+        if rows_path(path).exists():
+            continue
+        held = np.asarray(_torch_load(path).get("ids", torch.zeros(0, dtype=torch.int64)).numpy())
+        hit = wanted[np.isin(wanted, held)]
+        if len(hit):
+            found[path.name] = [int(i) for i in hit]
+    for rows in row_files(directory):
+        with BankStore(rows) as store:
+            hit = wanted[np.isin(wanted, store.ids)]
+        if len(hit):
+            found[rows.name] = [int(i) for i in hit]
+    return found, len(files)
+
+
+# --------------------------------------------------------------------------- purge
+
+
+def delete_bank_rows(path: Path, ids: Iterable[int]) -> list[int]:
+    """Delete `ids` from the bank store at `path` in place (durable on return); returns those deleted.
+    Opening the store reads only its header (and finishes an interrupted update); the rows are found
+    by one scan of the id column."""
+    with BankStore(path) as store:
+        return store.delete(ids).deleted
+
+
+def purge_checkpoint_rows(directory: Path, ids: Iterable[int], on_file: Callable[[Path], None] | None = None) -> int:
+    """Remove the rows of `ids` from every checkpoint; returns the files changed. Idempotent.
+
+    A row file deletes in place (O(#ids) bytes, durable on return); a format-1 checkpoint (rows
+    inside the .pt, no row file) is rewritten without them. `on_file` is called after each change."""
+    drop = [int(i) for i in ids]
+    changed = 0
+    for path in checkpoints(directory):
+        if rows_path(path).exists():
+            continue
+        ckpt = _torch_load(path)
+        if "ids" not in ckpt:
+            continue
+        ck_ids = ckpt["ids"].numpy()
+        keep = ~np.isin(ck_ids, drop)
+        if keep.all():
+            continue
+        ckpt["ids"] = torch.from_numpy(ck_ids[keep].copy())
+        ckpt["values"] = ckpt["values"][torch.from_numpy(keep)].clone()
+        atomic_torch_save(path, ckpt)
+        changed += 1
+        if on_file is not None:
+            on_file(path)
+    for rows in row_files(directory):
+        with BankStore(rows) as store:
+            deleted = store.delete(drop).deleted
+        if deleted:
+            changed += 1
+            if on_file is not None:
+                on_file(rows)
+    return changed
+
+
+# --------------------------------------------------------------------------- migration
+
+
+def needs_migration(root: Path) -> bool:
+    """True for a format-1 run, or a migrated one whose bank.npz was not removed yet."""
+    return (Path(root) / LEGACY_BANK).exists()
+
+
+def migrate(root: Path) -> bool:
+    """Move a format-1 run to format 2 (see the module docstring); the caller holds the exclusive run
+    lock. Returns True when something was done. Safe to call again after a crash at any point."""
+    root = Path(root)
+    legacy = root / LEGACY_BANK
+    if not legacy.exists():
+        return False
+    config = read_json(root / "config.json")
+    if int(config.get("format", 1)) >= STORE_FORMAT and (root / BANK_STORE).exists():
+        legacy.unlink()  # migrated, crashed before the removal: bank.npz may only be older
+        fsync_dir(root)
+        return True
+    bank = MemoryBank.load(legacy)
+    write_bank(root / BANK_STORE, bank)
+    crash_point("migrate-bank")
+    label_of = dict(zip(bank.ids.tolist(), bank.labels.tolist()))
+    for path in checkpoints(root / "checkpoints"):
+        ckpt = _torch_load(path)
+        if "ids" not in ckpt:
+            continue  # migrated before a crash
+        ids = ckpt.pop("ids").numpy()
+        values = ckpt.pop("values").numpy()
+        labels = np.array([label_of.get(int(i), -1) for i in ids], dtype=np.int64)  # -1: not in the bank
+        write_checkpoint(path, ckpt, ids, labels, values)
+        crash_point("migrate-checkpoint")
+    atomic_write_json(root / "config.json", {**config, "format": STORE_FORMAT})
+    crash_point("migrate-config")
+    legacy.unlink()
+    fsync_dir(root)
+    return True

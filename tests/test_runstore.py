@@ -1,0 +1,138 @@
+"""Run storage format 2: a deletion changes the bank and checkpoint row files in place (same inode, same
+size: no rewrite), a format-1 run (bank.npz, rows inside each checkpoint) is migrated on first open,
+and a crash at any migration step leaves a run that the next open migrates to the same result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from _helpers import deleted_byte_patterns, files_holding, forked
+from munkey_core import audit
+from munkey_core.bankstore import BankStore
+from munkey_core.runstore import (BANK_STORE, LEGACY_BANK, MIGRATION_CRASH_STEPS, STORE_FORMAT, checkpoint_ids_present,
+                                  checkpoints, load_bank, load_checkpoint, purge_checkpoint_rows, rows_path,
+                                  write_checkpoint)
+from munkey_core.service import MunkeyRun
+
+VICTIMS = [5, 17, 300]
+
+
+def _to_format1(run: Path) -> Path:
+    """Rewrite a run as the previous version wrote it: bank.npz, rows inside each epoch_NNN.pt."""
+    load_bank(run).save(run / LEGACY_BANK)
+    for p in (run / BANK_STORE, run / f"{BANK_STORE}.redo"):
+        p.unlink(missing_ok=True)
+    for ck in checkpoints(run / "checkpoints"):
+        c = load_checkpoint(ck)
+        torch.save(c, ck)
+        for p in (rows_path(ck), Path(f"{rows_path(ck)}.redo")):
+            p.unlink(missing_ok=True)
+    cfg = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**cfg, "format": 1}))
+    return run
+
+
+def _snapshot(run: Path) -> dict:
+    cks = {ck.name: load_checkpoint(ck) for ck in checkpoints(run / "checkpoints")}
+    return {"bank": load_bank(run).fingerprint(),
+            "moments": {k: v.numpy().tobytes() for k, v in sorted(load_bank(run).moments.items())},
+            "ckpt": {n: (c["ids"].tolist(), c["values"].numpy().tobytes(), c["epoch"]) for n, c in cks.items()}}
+
+
+def _is_format2(run: Path) -> None:
+    assert not (run / LEGACY_BANK).exists() and (run / BANK_STORE).exists()
+    assert json.loads((run / "config.json").read_text())["format"] == STORE_FORMAT
+    for ck in checkpoints(run / "checkpoints"):
+        assert rows_path(ck).exists()
+        assert "ids" not in torch.load(ck, weights_only=True) and "values" not in torch.load(ck, weights_only=True)
+
+
+def test_a_deletion_writes_the_row_files_in_place(tiny_run: Path) -> None:
+    files = [tiny_run / BANK_STORE] + [rows_path(ck) for ck in checkpoints(tiny_run / "checkpoints")]
+    assert len(files) > 2
+    stat0 = {f: (f.stat().st_ino, f.stat().st_size) for f in files}
+    pt0 = {ck: ck.stat().st_mtime_ns for ck in checkpoints(tiny_run / "checkpoints")}
+    patterns = deleted_byte_patterns(tiny_run, VICTIMS)
+    run = MunkeyRun(tiny_run, device="cpu")
+    run.forget(VICTIMS, operator="t")
+    assert {f: (f.stat().st_ino, f.stat().st_size) for f in files} == stat0  # no file was replaced or resized
+    assert {ck: ck.stat().st_mtime_ns for ck in pt0} == pt0  # the weights files are not touched at all
+    assert not files_holding(tiny_run, patterns)
+    found, n = checkpoint_ids_present(tiny_run / "checkpoints", VICTIMS)
+    assert found == {} and n == len(pt0)
+    assert not set(VICTIMS) & set(load_bank(tiny_run).ids.tolist())
+
+
+def test_a_format1_run_is_migrated_on_open_and_then_deletes_in_place(tiny_run: Path) -> None:
+    want = _snapshot(tiny_run)
+    _to_format1(tiny_run)
+    assert _snapshot(tiny_run) == want  # the format-1 run holds the same rows
+    patterns = deleted_byte_patterns(tiny_run, VICTIMS)
+    run = MunkeyRun(tiny_run, device="cpu")
+    _is_format2(tiny_run)
+    assert run.bank.fingerprint() == want["bank"] and _snapshot(tiny_run) == want
+    ino = (tiny_run / BANK_STORE).stat().st_ino
+    run.forget(VICTIMS, operator="t")
+    assert (tiny_run / BANK_STORE).stat().st_ino == ino
+    assert not files_holding(tiny_run, patterns)
+    assert audit.verify_run(tiny_run).ok
+
+
+def test_a_format1_run_with_an_interrupted_deletion_is_migrated_then_rolled_forward(tiny_run: Path) -> None:
+    clean = tiny_run.parent / "clean"
+    shutil.copytree(tiny_run, clean)
+    MunkeyRun(clean, device="cpu").forget(VICTIMS, operator="t")
+    _to_format1(tiny_run)
+    patterns = deleted_byte_patterns(tiny_run, VICTIMS)
+    assert forked(lambda: MunkeyRun(tiny_run, device="cpu").forget(VICTIMS, operator="t") and 0,
+                  env={"MUNKEY_CRASH_AT": "checkpoints"}) == -9  # a format-1 deletion is migrated first
+    run = MunkeyRun(tiny_run, device="cpu")
+    _is_format2(tiny_run)
+    assert run.bank.fingerprint() == MunkeyRun(clean, device="cpu").bank.fingerprint()
+    assert run.forgotten_ids == VICTIMS and not (tiny_run / "journal.json").exists()
+    assert not files_holding(tiny_run, patterns)
+
+
+@pytest.mark.parametrize("step", MIGRATION_CRASH_STEPS)
+def test_a_crash_during_migration_is_finished_by_the_next_open(tiny_run: Path, step: str) -> None:
+    want = _snapshot(tiny_run)
+    _to_format1(tiny_run)
+    assert forked(lambda: MunkeyRun(tiny_run, device="cpu") and 0, env={"MUNKEY_CRASH_AT": step}) == -9
+    run = MunkeyRun(tiny_run, device="cpu")
+    _is_format2(tiny_run)
+    assert run.bank.fingerprint() == want["bank"] and _snapshot(tiny_run) == want
+    assert not list(tiny_run.rglob(".*.tmp"))
+
+
+def test_purge_of_row_files_is_idempotent_and_survives_a_crash_inside_a_file(tmp_path: Path) -> None:
+    values = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    ck = tmp_path / "epoch_001.pt"
+    write_checkpoint(ck, {"epoch": 1, "model": {}}, np.arange(10, 16), np.arange(6) % 2, values)
+    assert "ids" not in torch.load(ck, weights_only=True)
+    with BankStore(rows_path(ck)) as store:  # killed after the redo record, before the rows moved
+        store._apply = lambda *a: None
+        store._clear_redo = lambda: None
+        store.delete([11])
+    assert purge_checkpoint_rows(tmp_path, [11, 14, 99]) == 1  # opening replays the record first
+    c = load_checkpoint(ck)
+    assert sorted(c["ids"].tolist()) == [10, 12, 13, 15]
+    for i, v in zip(c["ids"].tolist(), c["values"].numpy()):
+        np.testing.assert_array_equal(v, values[i - 10])
+    for victim in (1, 4):
+        assert not any(values[victim].tobytes() in p.read_bytes() for p in tmp_path.iterdir())
+    assert purge_checkpoint_rows(tmp_path, [11, 14]) == 0
+
+
+def test_the_forget_storage_bench_runs_both_formats(tmp_path: Path) -> None:
+    from munkey_core.bench.forget_storage import bench_forget
+
+    (table,) = bench_forget([1500], True, 0, tmp_path, checkpoints=2)
+    row = table.strip().splitlines()[-1].split("|")[1:-1]
+    assert row[0].strip() == "1,500" and row[-1].strip() == "yes" and "-" not in (row[2].strip(), row[5].strip())
+    assert not list(tmp_path.iterdir())  # the run directories are removed
