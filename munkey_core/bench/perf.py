@@ -4,6 +4,9 @@ Sections (each prints a markdown table of absolute figures and same-run ratios):
 - deletion: one id and a batch of 1,000 ids from banks of 10k / 100k / 1M rows (1280-d keys, 128-d
   exemplars, two AdamW moment rows), BankStore (durable, physical, index updated) vs FAISS
   `IndexIDMap2(IndexFlatIP)` `remove_ids` (in memory only) and, up to 100k, MemoryBank + npz save;
+- forget: the storage part of a whole `munkey forget` request on synthetic run directories with 10
+  checkpoints, run format 1 (bank.npz + checkpoints rewritten) vs format 2 (row files purged in
+  place), bench/forget_storage.py;
 - search: exact top-10 latency / throughput (BankStore, FAISS flat) and the IVF index's recall@10;
 - inference: images/s of the K-ensemble (K = 1, 4, 8, 16) vs a plain timm ViT of the same backbone,
   and the late-injection variant;
@@ -26,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HELP = "deletion, search, inference, training and memory at scale vs FAISS and a plain ViT"
+HELP = "deletion, forget requests, search, inference, training and memory at scale vs baselines"
 
 KEY_DIM, VALUE_DIM, CENTRES, CHUNK = 1280, 128, 1000, 50_000
 
@@ -34,8 +37,10 @@ KEY_DIM, VALUE_DIM, CENTRES, CHUNK = 1280, 128, 1000, 50_000
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="10000,100000,1000000", help="bank sizes for deletion/search (comma list)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions, sizes 10k,100k, K up to 8, short training")
-    p.add_argument("--sections", default="deletion,inference,training,memory",
-                   help="comma list of: deletion, inference, training, memory")
+    p.add_argument("--sections", default="deletion,forget,inference,training,memory",
+                   help="comma list of: deletion, forget, inference, training, memory")
+    p.add_argument("--legacy-max", type=int, default=100_000,
+                   help="forget section: largest bank measured in run format 1 (it holds the bank in RAM)")
     p.add_argument("--workdir", default=None, help="where the bank files go (default: a temporary directory)")
     p.add_argument("--out", default=None, help="also write the tables (markdown) to this file")
     p.add_argument("--seed", type=int, default=0)
@@ -452,9 +457,10 @@ def run(args: argparse.Namespace) -> int:
     if any(s < 5000 for s in sizes):
         raise MunkeyError("--sizes must each be at least 5000 (a 1,000-id batch is deleted three times).")
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = set(sections) - {"deletion", "inference", "training", "memory"}
+    unknown = set(sections) - {"deletion", "forget", "inference", "training", "memory"}
     if unknown:
-        raise MunkeyError(f"Unknown --sections {sorted(unknown)}; choose from deletion, inference, training, memory.")
+        raise MunkeyError(f"Unknown --sections {sorted(unknown)}; choose from deletion, forget, inference, training, "
+                          "memory.")
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="munkey-perf-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -464,6 +470,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"[perf] {name} ...", flush=True)
             if name == "deletion":
                 tables = bench_deletion(sizes, args.quick, args.seed, workdir)
+            elif name == "forget":
+                from munkey_core.bench.forget_storage import bench_forget
+
+                tables = bench_forget(sizes, args.quick, args.seed, workdir,
+                                      legacy_max=getattr(args, "legacy_max", 100_000))
             elif name == "inference":
                 tables = bench_inference(args.quick, args.seed)
             elif name == "training":
