@@ -76,16 +76,21 @@ class StoreDeleteResult(DeleteResult):
 class BankStore:
     """Ids, labels, keys, exemplars and optimiser moments in one file; O(1) durable physical delete."""
 
-    def __init__(self, path: str | Path) -> None:
-        """Open an existing store (replaying an unfinished deletion first); see `create`."""
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+        """Open an existing store (replaying an unfinished deletion first); see `create`.
+
+        `readonly`: for a reader that does not hold the writer's lock; it never replays a redo record
+        (a writer may be applying it) and refuses to delete or append."""
         self.path = Path(path)
         if not self.path.exists():
             raise MunkeyError(f"No bank store at {self.path}. Create one with BankStore.create or from_bank.")
+        self.readonly = readonly
         self._fsync = os.fdatasync  # the durability barrier (a benchmark may swap it to measure the rest)
-        self._fd = os.open(self.path, os.O_RDWR)
+        self._fd = os.open(self.path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
             self._read_header()
-            self._replay_redo()
+            if not readonly:
+                self._replay_redo()
             self._map()
         except MunkeyError:
             os.close(self._fd)
@@ -146,6 +151,7 @@ class BankStore:
     def append(self, ids: np.ndarray, labels: np.ndarray, keys: np.ndarray, values: np.ndarray,
                moments: dict[str, np.ndarray] | None = None) -> None:
         """Add rows at the end (durable on return). Chunk large inputs to bound memory."""
+        self._writable()
         ids = np.asarray(ids, dtype=np.int64)
         m = len(ids)
         moments = moments or {}
@@ -258,6 +264,7 @@ class BankStore:
     # ------------------------------------------------------------------ deletion
     def delete(self, ids: Iterable[int]) -> StoreDeleteResult:
         """Physically remove ids (every field), durably; absent ids are reported, not an error."""
+        self._writable()
         result = StoreDeleteResult()
         rows: list[int] = []
         wanted = list(dict.fromkeys(int(i) for i in ids))
@@ -291,6 +298,10 @@ class BankStore:
         for listener in self.listeners:
             listener.on_delete(removed, moves)
         return result
+
+    def _writable(self) -> None:
+        if self.readonly:
+            raise MunkeyError(f"The bank store {self.path} was opened read-only; open it without readonly to change it.")
 
     def _lookup(self, ids: list[int]) -> dict[int, int]:
         """{id: row} for the ids present: from the dict when built, else one scan of the id column."""

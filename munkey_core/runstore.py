@@ -18,6 +18,8 @@ exclusive lock, before any interrupted deletion is finished:
    rewritten without them (atomic);
 3. config.json gets "format": 2 (atomic): the commit point;
 4. bank.npz is removed.
+Readers that do not hold the run's lock (evidence, audit checks, tests) open the row files
+read-only: they never replay a redo record, which only the lock holder may do.
 A crash before step 3 leaves a format-1 run that the next open migrates again (each step is
 redone from the format-1 files, which are still complete); after it, the next open removes a
 leftover bank.npz. Cost: one O(N) copy, once.
@@ -112,7 +114,7 @@ def load_bank(root: Path) -> MemoryBank:
     path = bank_path(root)
     if path.name == LEGACY_BANK:
         return MemoryBank.load(path)
-    with BankStore(path) as store:
+    with BankStore(path, readonly=True) as store:
         return store.to_bank()
 
 
@@ -126,7 +128,7 @@ def bank_ids(root: Path) -> np.ndarray:
         except Exception as exc:
             raise MunkeyError(f"The memory bank {path} is damaged ({type(exc).__name__}); restore the run from a "
                               "backup.") from None
-    with BankStore(path) as store:
+    with BankStore(path, readonly=True) as store:
         return np.array(store.ids)
 
 
@@ -161,7 +163,7 @@ def load_checkpoint(path: Path) -> dict:
     ckpt = _torch_load(path)
     rows = rows_path(path)
     if "ids" not in ckpt and rows.exists():
-        with BankStore(rows) as store:
+        with BankStore(rows, readonly=True) as store:
             ckpt["ids"] = torch.from_numpy(np.array(store.ids))
             ckpt["values"] = torch.from_numpy(np.array(store.values, dtype=np.float32))
     return ckpt
@@ -181,7 +183,7 @@ def checkpoint_ids_present(directory: Path, ids: Iterable[int]) -> tuple[dict[st
         if len(hit):
             found[path.name] = [int(i) for i in hit]
     for rows in row_files(directory):
-        with BankStore(rows) as store:
+        with BankStore(rows, readonly=True) as store:
             hit = wanted[np.isin(wanted, store.ids)]
         if len(hit):
             found[rows.name] = [int(i) for i in hit]

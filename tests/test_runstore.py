@@ -136,3 +136,21 @@ def test_the_forget_storage_bench_runs_both_formats(tmp_path: Path) -> None:
     row = table.strip().splitlines()[-1].split("|")[1:-1]
     assert row[0].strip() == "1,500" and row[-1].strip() == "yes" and "-" not in (row[2].strip(), row[5].strip())
     assert not list(tmp_path.iterdir())  # the run directories are removed
+
+
+def test_a_readonly_open_never_replays_or_writes(tmp_path: Path) -> None:
+    from munkey_core.errors import MunkeyError
+
+    path = tmp_path / "r.rows"
+    BankStore.from_arrays(path, np.arange(4), np.zeros(4), np.zeros((4, 0), np.float32), np.eye(4, dtype=np.float32))
+    with BankStore(path) as store:  # a writer killed after its redo record, before the rows moved
+        store._apply = lambda *a: None
+        store._clear_redo = lambda: None
+        store.delete([1])
+    before = path.read_bytes()
+    with BankStore(path, readonly=True) as ro:
+        assert len(ro) == 4 and path.read_bytes() == before  # left to the writer, who holds the lock
+        with pytest.raises(MunkeyError, match="read-only"):
+            ro.delete([2])
+    with BankStore(path) as rw:
+        assert sorted(rw.ids.tolist()) == [0, 2, 3]
