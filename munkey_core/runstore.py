@@ -9,7 +9,9 @@ Run format 2 (config.json "format": 2):
 A deletion overwrites the deleted rows in place in every one of these files (swap-with-last, the
 vacated rows zeroed, two fdatasyncs per file): the bytes written depend on the number of ids, not on
 the bank size. Format 1 (bank.npz; exemplar rows inside each epoch_NNN.pt) was rewritten whole, bank
-and every checkpoint, per request.
+and every checkpoint, per request. The readers here (`load_bank`, `bank_ids`, `load_checkpoint`,
+`checkpoint_ids_present`) open the files read-only: they never replay a redo record, which only
+the holder of the run's exclusive lock (a deletion) or an opening MunkeyRun may do.
 
 Migration (format 1 -> 2) runs once, when the run is first opened by this version, under the run's
 exclusive lock, before any interrupted deletion is finished:
@@ -18,8 +20,6 @@ exclusive lock, before any interrupted deletion is finished:
    rewritten without them (atomic);
 3. config.json gets "format": 2 (atomic): the commit point;
 4. bank.npz is removed.
-Readers that do not hold the run's lock (evidence, audit checks, tests) open the row files
-read-only: they never replay a redo record, which only the lock holder may do.
 A crash before step 3 leaves a format-1 run that the next open migrates again (each step is
 redone from the format-1 files, which are still complete); after it, the next open removes a
 leftover bank.npz. Cost: one O(N) copy, once.
