@@ -162,10 +162,14 @@ def load_checkpoint(path: Path) -> dict:
     """A checkpoint with its rows as tensors "ids" (N,) and "values" (N, Dv), whatever its format."""
     ckpt = _torch_load(path)
     rows = rows_path(path)
-    if "ids" not in ckpt and rows.exists():
-        with BankStore(rows, readonly=True) as store:
-            ckpt["ids"] = torch.from_numpy(np.array(store.ids))
-            ckpt["values"] = torch.from_numpy(np.array(store.values, dtype=np.float32))
+    if "ids" in ckpt:
+        return ckpt
+    if not rows.exists():
+        raise MunkeyError(f"Checkpoint {path} has no exemplar rows ({rows.name} is missing); restore it, or delete "
+                          f"{path.name} to drop the checkpoint.")
+    with BankStore(rows, readonly=True) as store:
+        ckpt["ids"] = torch.from_numpy(np.array(store.ids))
+        ckpt["values"] = torch.from_numpy(np.array(store.values, dtype=np.float32))
     return ckpt
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
+from munkey_core import runstore
 from munkey_core.errors import MunkeyError
 from munkey_core.memory import MemoryBank
 from munkey_core.metrics import MIA_CHEAP, accuracy, pathway_sensitivity
@@ -92,15 +93,13 @@ class _ValidationView:
 
 def checkpoint_files(run: "MunkeyRun") -> list[Path]:
     """The run's per-epoch checkpoint files, oldest first."""
-    return sorted(run.paths.checkpoints.glob("epoch_*.pt")) if run.paths.checkpoints.is_dir() else []
+    return runstore.checkpoints(run.paths.checkpoints)
 
 
 def checkpoint_state(run: "MunkeyRun", path: Path) -> tuple[torch.nn.Module, MemoryBank, int]:
     """(model, bank, epoch) as they were at a checkpoint: its weights and exemplar vectors with the
     run's keys and labels (a checkpoint holds exactly the ids still in the bank)."""
-    from munkey_core.rundir import load_state_dict
-
-    ckpt = load_state_dict(path, torch.device("cpu"))
+    ckpt = runstore.load_checkpoint(path)  # weights from the .pt, exemplar rows from its row file
     ids = np.asarray(ckpt["ids"], dtype=np.int64)
     if len(ids) != len(run.bank) or not np.isin(ids, run.bank.ids).all():
         raise MunkeyError(f"{path.name} holds other samples than the run's bank; the run is damaged.")
@@ -205,7 +204,7 @@ def write_selected(run: "MunkeyRun", selection: Selection, out: str | Path) -> P
     dest.mkdir(parents=True, exist_ok=True)
     try:
         atomic_torch_save(paths.model, model.state_dict())
-        bank.save(paths.bank)
+        runstore.write_bank(paths.bank, bank)
         shutil.copyfile(run.paths.history, paths.history)
         best = selection.best
         atomic_write_json(paths.config, {
