@@ -19,6 +19,8 @@ Deleting ids (one or a batch) = swap-with-last in every region:
    from the file on disk);
 3. the redo record is invalidated (its magic overwritten; the file keeps its size so that its
    fdatasync is a pure data write, with no metadata commit).
+A new record is zero-padded over whatever the previous (longer) record left behind, so the redo
+file never keeps an older request's moved rows once one of them is deleted.
 A crash anywhere leaves a state that `open` completes by replaying a valid redo record (replay is
 idempotent; a torn record fails its checksum and means step 2 never started).
 Cost per request: O(#deleted * row bytes) writes and two fdatasyncs of data blocks; independent of N.
@@ -338,6 +340,11 @@ class BankStore:
         record = _REDO_MAGIC + struct.pack("<q", len(body)) + body + hashlib.sha256(body).digest()
         fd = self._redo_fd()
         size = os.fstat(fd).st_size
+        # Zero what is left of the previous record past this one: it holds rows that were kept then
+        # and may be deleted now (this request), and must not outlive them. Beyond the previous
+        # record the file is already zero (each write pads this way), so only its length matters.
+        stale = _record_end(os.pread(fd, 16, 0), size)
+        record += bytes(max(0, stale - len(record)))
         if len(record) > size:  # grow rarely (doubling): a size change costs a metadata commit
             os.ftruncate(fd, max(len(record), 2 * size, 1 << 16))
         os.pwrite(fd, record, 0)
@@ -466,6 +473,16 @@ class BankStore:
 
 def _redo_path(path: Path) -> Path:
     return path.with_name(path.name + ".redo")
+
+
+def _record_end(head: bytes, size: int) -> int:
+    """End offset of the redo record whose first 16 bytes are `head` (its length survives the clear,
+    which overwrites only the magic); the whole file when that length is unreadable (a torn write)."""
+    if len(head) < 16:
+        return 0
+    (length,) = struct.unpack("<q", head[8:16])
+    end = 16 + length + 32
+    return end if 0 <= length and end <= size else size
 
 
 def _row_bytes(meta: dict) -> int:

@@ -154,3 +154,21 @@ def test_a_readonly_open_never_replays_or_writes(tmp_path: Path) -> None:
             ro.delete([2])
     with BankStore(path) as rw:
         assert sorted(rw.ids.tolist()) == [0, 2, 3]
+
+
+def test_a_row_moved_by_one_request_and_deleted_by_a_shorter_one_leaves_no_copy(tmp_path: Path) -> None:
+    """The redo record of a big request holds the moved (kept) rows; a later, shorter record must not
+    leave that request's tail, with a row deleted since, in the redo file."""
+    rng = np.random.default_rng(3)
+    n = 200
+    keys = rng.normal(size=(n, 16)).astype(np.float32)
+    values = rng.normal(size=(n, 8)).astype(np.float32)
+    path = tmp_path / "bank.store"
+    BankStore.from_arrays(path, np.arange(n), np.zeros(n), keys, values, {"exp_avg": values * 3}).close()
+    with BankStore(path) as store:
+        store.delete(list(range(40)))  # rows 160..199 move into the holes: their images go to the redo record
+    victim = n - 1  # moved by the first request
+    with BankStore(path) as store:
+        store.delete([victim])  # a one-row record, far shorter than the first
+    for pattern in (keys[victim].tobytes(), values[victim].tobytes(), (values[victim] * 3).tobytes()):
+        assert not [p.name for p in tmp_path.iterdir() if pattern in p.read_bytes()]
