@@ -252,9 +252,10 @@ class MunkeyRun:
 
     def _apply_deletion(self, ids: Sequence[int]) -> None:
         """Remove ids from the bank in memory and in bank.store (swap-with-last, vacated rows zeroed,
-        durable on return): O(#ids) in time and bytes written, whatever the bank size."""
-        self.bank.delete(ids)
+        durable on return): O(#ids) in time and bytes written, whatever the bank size. The file first:
+        if it fails, the bank in memory still matches it and the journal is rolled forward later."""
         runstore.delete_bank_rows(self.paths.bank, ids)
+        self.bank.delete(ids)
         self._stamp = self._disk_stamp()
 
     def _recover(self) -> None:
