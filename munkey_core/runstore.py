@@ -248,8 +248,17 @@ def needs_migration(root: Path) -> bool:
 
 def migrate(root: Path) -> bool:
     """Move a format-1 run to format 2 (see the module docstring); the caller holds the exclusive run
-    lock. Returns True when something was done. Safe to call again after a crash at any point."""
-    root = Path(root)
+    lock. Returns True when something was done. Safe to call again after a crash or an error at any
+    point (an OSError, e.g. a full disk, becomes a MunkeyError; the run stays in format 1)."""
+    try:
+        return _migrate(Path(root))
+    except OSError as exc:
+        raise MunkeyError(f"Could not convert the run {root} to the current storage format ({exc.strerror or exc}). "
+                          "Nothing was lost: free disk space or make the directory writable, then open it again.") \
+            from None
+
+
+def _migrate(root: Path) -> bool:
     legacy = root / LEGACY_BANK
     if not legacy.exists():
         return False

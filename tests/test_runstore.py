@@ -172,3 +172,25 @@ def test_a_row_moved_by_one_request_and_deleted_by_a_shorter_one_leaves_no_copy(
         store.delete([victim])  # a one-row record, far shorter than the first
     for pattern in (keys[victim].tobytes(), values[victim].tobytes(), (values[victim] * 3).tobytes()):
         assert not [p.name for p in tmp_path.iterdir() if pattern in p.read_bytes()]
+
+
+def test_a_migration_that_fails_on_disk_is_a_clear_error_and_leaves_format1(tiny_run: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from munkey_core import runstore
+    from munkey_core.errors import MunkeyError
+
+    want = _snapshot(tiny_run)
+    _to_format1(tiny_run)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runstore, "write_checkpoint", full)
+    with pytest.raises(MunkeyError, match="free disk space"):
+        MunkeyRun(tiny_run, device="cpu")
+    assert json.loads((tiny_run / "config.json").read_text())["format"] == 1 and (tiny_run / LEGACY_BANK).exists()
+    monkeypatch.undo()
+    assert MunkeyRun(tiny_run, device="cpu").bank.fingerprint() == want["bank"] and _snapshot(tiny_run) == want
+    _is_format2(tiny_run)
