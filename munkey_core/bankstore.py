@@ -307,8 +307,8 @@ class BankStore:
 
     def _lookup(self, ids: list[int]) -> dict[int, int]:
         """{id: row} for the ids present: from the dict when built, else one scan of the id column."""
-        if self._row_map is not None or len(ids) > 4096:
-            return {i: self._row[i] for i in ids if i in self._row}
+        if self._row_map is not None:
+            return {i: self._row_map[i] for i in ids if i in self._row_map}
         col = self.ids
         rows = np.flatnonzero(np.isin(col, np.asarray(ids, dtype=np.int64)))
         return {int(col[r]): int(r) for r in rows}
