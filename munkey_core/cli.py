@@ -46,6 +46,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         ("augment-shift", float, "random translation (fraction of the side)"),
         ("max-train", int, "use a stratified subset of this many training images (0 = all)"),
         ("seed", int, "random seed"), ("exemplar-dim", int, "exemplar vector size"),
+        ("inject-at", int, "block L (0 .. depth-1) the exemplar token joins at: 0 (default) is the paper's design; "
+         "L > 0 is late injection, whose blocks before L run once per image instead of K times at inference "
+         "(faster; docs/performance.md has its speed and Avg Gap)"),
     ]:
         g.add_argument(f"--{name}", type=typ, default=None, help=text)
 
@@ -192,7 +195,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
                                                 "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
-                                                "seed", "exemplar_dim", "max_train")}
+                                                "seed", "exemplar_dim", "max_train", "inject_at")}
+    if args.arch != "munkey" and args.inject_at is not None:
+        raise MunkeyError("--inject-at is a MUNKEY option (where the exemplar token joins); a resnet18 / vit run has "
+                          "no exemplar token. Drop --inject-at or use --arch munkey.")
     if args.arch != "munkey":
         from munkey_core.classifier_run import train_classifier_run
 
@@ -213,7 +219,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                             overrides=overrides, keep_checkpoints=args.keep_checkpoints)
     s = run.summary()
     last = run.history[-1]
-    print(f"trained {s['dataset']} ({s['train_size']} images, profile {s['profile']}) in {s['train_seconds']} s; "
+    print(f"trained {s['dataset']} ({s['train_size']} images, profile {s['profile']}, {s['design']}) in "
+          f"{s['train_seconds']} s; "
           f"final train acc {last['train_acc']:.1f}%, val acc {_fmt(last.get('val_acc'), 1)}% -> {args.out}")
     return 0
 

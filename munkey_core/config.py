@@ -34,6 +34,14 @@ class ModelConfig:
     mlp_ratio: float = 2.0
     exemplar_dim: int = 128
     drop_path_rate: float = 0.0
+    inject_at: int = 0             # block the exemplar token joins at: 0 = the paper's design; L > 0 = late injection
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.inject_at < self.depth:
+            raise MunkeyError(
+                f"inject_at (--inject-at) must be between 0 and {self.depth - 1} for a backbone of depth {self.depth} "
+                f"(got {self.inject_at}). 0 is the paper's design; L > 0 lets the exemplar token join at block L, "
+                "so blocks before L run once per image instead of once per neighbour.")
 
 
 @dataclass(frozen=True)

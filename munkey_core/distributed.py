@@ -27,7 +27,6 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -51,16 +50,14 @@ def world() -> tuple[int, int]:
 
 def train_distributed(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, val: TrainData | None = None,
                       device: torch.device = torch.device("cpu"), checkpoint_dir: Path | None = None,
-                      keep_checkpoints: int = 10,
-                      model_factory: Callable[[ModelConfig], MunkeyViT] = MunkeyViT) -> TrainResult:
+                      keep_checkpoints: int = 10) -> TrainResult:
     """`train_munkey` across the ranks of the current process group (any world size, including 1).
 
-    `model_factory` builds the model (e.g. a late-injection variant); the default is MunkeyViT.
-    """
+    The model follows `model_cfg`, late injection included (`model_cfg.inject_at`)."""
     rank, size = world()
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    model = model_factory(model_cfg).to(device)
+    model = MunkeyViT(model_cfg).to(device)
     bank = MemoryBank.create(train.ids, train.labels, train.keys, model_cfg.exemplar_dim, seed=cfg.seed,
                              init_std=cfg.exemplar_init_std).to(device)
     nbr_rows, nbr_w = neighbour_table(bank, cfg.k_train, cfg.tau)
@@ -146,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("epochs", "batch_size", "max_train", "seed"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--inject-at", type=int, default=None,
+                   help="block the exemplar token joins at (0: the paper's design; L > 0: late injection)")
     args = p.parse_args(argv)
     device = _device(args.device)
     if "RANK" in os.environ and not dist.is_initialized():
@@ -156,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0 and (out / "config.json").exists():
             raise MunkeyError(f"{out} already holds a run. Choose another --out, or delete that directory first.")
         prof = resolve_profile(args.profile)
-        overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "max_train", "seed", "lr")}
+        overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "max_train", "seed", "lr", "inject_at")}
+        with_overrides(prof.model, overrides)  # a bad --inject-at fails here, before any data is loaded
         cfg = with_overrides(prof.train, overrides)
         ds = data_mod.load_dataset(args.dataset, args.data_root, seed=cfg.seed, max_train=cfg.max_train or None)
         enc = keys_mod.load_encoder(args.encoder, device=device)

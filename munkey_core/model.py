@@ -5,7 +5,12 @@ neighbours' at inference); `h_psi` is a linear adapter to the backbone width. Tw
 tokens stand in for a dropped pathway: `null_img` replaces every patch embedding (positions are
 still added), `null_tok` replaces the exemplar token. Classification reads [CLS].
 
-Cost: one forward is a plain ViT forward with one extra token (N+2 tokens instead of N+1).
+Late injection (`cfg.inject_at = L > 0`, a variant; late.py explains it): the exemplar token joins
+the sequence before block L, so blocks [0, L) see only [CLS, patches...] and the K-neighbour
+ensemble runs them once per image. `inject_at = 0` (the default) is the paper's design.
+
+Cost: one forward is a plain ViT forward with one extra token (N+2 tokens instead of N+1); the
+K-ensemble costs L + K * (depth - L) block passes per image instead of K * depth.
 """
 
 from __future__ import annotations
@@ -59,12 +64,23 @@ class MunkeyViT(nn.Module):
             tok = torch.where(drop_token[:, None, None], self.null_tok.to(tok.dtype), tok)
         return tok
 
+    @property
+    def inject_at(self) -> int:
+        """The block the exemplar token joins at (0: the first, the paper's design)."""
+        return self.cfg.inject_at
+
+    def encode_image(self, img_tokens: torch.Tensor) -> torch.Tensor:
+        """The image-only blocks [0, inject_at): (B, 1+N, D) -> (B, 1+N, D); no block when inject_at is 0."""
+        return self.vit.blocks[:self.inject_at](self.vit.norm_pre(img_tokens))
+
+    def encode_joint(self, shared: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        """Blocks [inject_at, depth) on [shared, tok]: (B, 1+N, D), (B, 1, D) -> (B, 2+N, D), normed."""
+        x = torch.cat([shared, self.vit.norm_pre(tok)], dim=1)
+        return self.vit.norm(self.vit.blocks[self.inject_at:](x))
+
     def forward_tokens(self, img_tokens: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         """Run the transformer on [img_tokens, tok]: (B, 1+N, D), (B, 1, D) -> (B, 2+N, D)."""
-        x = torch.cat([img_tokens, tok], dim=1)
-        x = self.vit.norm_pre(x)
-        x = self.vit.blocks(x)
-        return self.vit.norm(x)
+        return self.encode_joint(self.encode_image(img_tokens), tok)
 
     def forward_head(self, feats: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """[CLS] features -> logits (B, num_classes), or the pooled (B, D) features."""
@@ -80,14 +96,15 @@ class MunkeyViT(nn.Module):
                       drop_token: bool = False, pre_logits: bool = False) -> torch.Tensor:
         """Each image with each of its K exemplars: x (B, C, S, S), v (B, K, Dv) -> (B, K, classes).
 
-        The patch embedding is computed once per image and shared by its K forwards.
+        The patch embedding and the image-only blocks [0, inject_at) are computed once per image and
+        shared by its K forwards; only blocks [inject_at, depth) run K times.
         """
         b, k, _ = v.shape
         img = self.embed_image(x, torch.full((b,), drop_image, device=x.device) if drop_image else None)
-        img = img.repeat_interleave(k, dim=0)  # (B*K, 1+N, D)
+        shared = self.encode_image(img).repeat_interleave(k, dim=0)  # (B*K, 1+N, D)
         tok = self.exemplar_token(v.reshape(b * k, -1),
                                   torch.full((b * k,), drop_token, device=x.device) if drop_token else None)
-        out = self.forward_head(self.forward_tokens(img, tok), pre_logits=pre_logits)
+        out = self.forward_head(self.encode_joint(shared, tok), pre_logits=pre_logits)
         return out.reshape(b, k, -1)
 
     def param_groups(self, weight_decay: float) -> list[dict]:

@@ -60,6 +60,7 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
         raise MunkeyError(f"{out} already holds a run. Choose another --out, or delete that directory first.")
     prof = resolve_profile(profile)
     overrides = dict(overrides or {})
+    with_overrides(prof.model, overrides)  # a bad backbone option (e.g. inject_at) fails before any data is loaded
     train_cfg = with_overrides(prof.train, overrides)
     dev = resolve_device(device)
     ds = data_mod.load_dataset(dataset, data_root, download=download, seed=train_cfg.seed,
@@ -333,7 +334,13 @@ class MunkeyRun:
         return {"dataset": c["dataset"], "encoder": c["encoder"]["name"], "profile": c["profile"],
                 "classes": len(c["class_names"]), "train_size": c.get("train_size"), "bank_size": len(self.bank),
                 "deleted": len(self.forgotten_ids), "created": c.get("created"),
-                "train_seconds": c.get("train_seconds"), "device": str(self.device)}
+                "train_seconds": c.get("train_seconds"), "device": str(self.device),
+                "inject_at": self.model_cfg.inject_at, "design": design_name(self.model_cfg.inject_at)}
+
+
+def design_name(inject_at: int) -> str:
+    """How a run's model is built, in words: the paper's design or late injection at block L."""
+    return "paper (token from block 0)" if inject_at == 0 else f"late injection (token from block {inject_at})"
 
 
 class _CacheEncoder:

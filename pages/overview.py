@@ -19,7 +19,7 @@ st.caption(f"Run directory `{shown}`")
 
 st.subheader("Model card")
 st.markdown(f"**Dataset** `{s['dataset']}` ({s['classes']} classes) · **key encoder** `{s['encoder']}` · "
-            f"**profile** `{s['profile']}` · **K** {run.train_cfg.k}, **tau** {run.train_cfg.tau} · "
+            f"**profile** `{s['profile']}` · **design** {s['design']} · **K** {run.train_cfg.k}, **tau** {run.train_cfg.tau} · "
             f"trained {s['created'] or '—'} on {run.config.get('device', '—')}")
 c = st.columns(4)
 c[0].metric("Training samples", s["train_size"])
