@@ -1,9 +1,10 @@
 """Late injection as a run option (ModelConfig.inject_at) on real tiny digits runs: inject_at 0 is the
-paper's formula bit for bit, a late run trains, saves, reloads and predicts the same, its M-oracle keeps
-the design, the pathway ablations use the shared path, bad values are refused."""
+paper's formula bit for bit, a late run trains, saves, reloads and predicts the same, its M-oracle and
+the fidelity bench keep the design, the pathway ablations use the shared path, bad values are refused."""
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -134,6 +135,8 @@ def test_bad_inject_at_is_a_clear_user_error(tmp_path: Path, capsys: pytest.Capt
         assert not (tmp_path / bad).exists()
     assert main(["train", "--arch", "vit", "--profile", "tiny", "--inject-at", "1", "--out", str(tmp_path / "v")]) == 2
     assert "MUNKEY option" in capsys.readouterr().err
+    assert main(["bench", "fidelity", "--profile", "tiny", "--inject-at", "3", "--work", str(tmp_path / "w")]) == 2
+    assert "--inject-at" in capsys.readouterr().err
     with pytest.raises(MunkeyError, match="inject_at"):
         ModelConfig(depth=4, inject_at=4)
     with pytest.raises(MunkeyError, match="inject_at"):
@@ -153,3 +156,22 @@ def test_distributed_launcher_honours_inject_at(late_run: Path, tmp_path: Path,
                      str(tmp_path / "bad")]) == 2
     assert "--inject-at" in capsys.readouterr().out
 
+
+def test_bench_fidelity_late_variant_munkey_rows_only(cache_dir: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "tiny", "--seed-list", "0", "--rates", "0.1",
+            "--epochs", "3", "--mia", "cheap", "--methods", "", "--inject-at", "1", "--work", str(tmp_path / "work"),
+            "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "trained 2 model(s)" in out  # the late MUNKEY and its M-oracle; no ViT, T-oracle or references
+    assert "--methods is empty" in out and "late injection at block 1" in out
+    root = tmp_path / "work" / "digits_tiny_late1" / "seed_0"
+    assert sorted(p.name for p in root.iterdir()) == ["munkey", "rate_0.1.json"]
+    assert not (tmp_path / "work" / "digits_tiny").exists()  # never the paper design's folder
+    (oracle,) = (root / "munkey" / "oracles").iterdir()
+    assert json.loads((oracle / "config.json").read_text())["model"]["inject_at"] == 1
+    rows = list(csv.DictReader(open(tmp_path / "out" / "fidelity_digits.csv")))
+    assert [r["method"] for r in rows] == ["Retrain (M-oracle, late@1)", "MUNKEY (key deletion, late@1)"]
+    assert float(rows[0]["AvgGap"]) == 0.0 and rows[1]["AvgGap"] != ""
+    assert "late injection at block 1" in (tmp_path / "out" / "fidelity_digits.md").read_text()

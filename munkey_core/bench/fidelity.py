@@ -8,6 +8,11 @@ FA, MIA (the attack named), Avg Gap and forgetting seconds; the table gives mean
 deviation over seeds. Writes fidelity_<dataset>.md and .csv to --out. Everything trained is cached
 under --work (oracles inside their run's oracles/ folder) and each finished cell's rows too, so a
 re-run resumes and an identical re-run trains nothing.
+
+`--inject-at L` (L > 0) measures the late-injection variant instead of the paper's design: the MUNKEY
+run and its M-oracles are built with the exemplar token joining at block L, cached in their own
+--work subfolder (<dataset>_<profile>_late<L>), never shared with paper-design models. `--methods ''`
+measures MUNKEY and its M-oracle only (no plain ViT, T-oracle or post-hoc rows).
 """
 
 from __future__ import annotations
@@ -26,7 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated seeds to run instead of 0..N-1 (e.g. 2 to run one seed in another process; "
                         "a later run with --seeds 3 then reads every finished cell from --work)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs of every model (default: the profile's)")
-    p.add_argument("--methods", default="neggrad+,scrub,ssd,amnesiac", help="post-hoc baselines on the plain ViT")
+    p.add_argument("--methods", default="neggrad+,scrub,ssd,amnesiac",
+                   help="post-hoc baselines on the plain ViT; '' measures MUNKEY and its M-oracle only "
+                        "(no plain ViT, T-oracle or post-hoc rows)")
+    p.add_argument("--inject-at", type=int, default=0,
+                   help="MUNKEY design: 0 (default) the paper's; L > 0 late injection at block L (models cached in "
+                        "their own --work subfolder, suffix _late<L>)")
     p.add_argument("--mia", default="cheap", choices=["cheap", "strong"],
                    help="cheap: loss attack; strong: RMIA-style with reference ViTs (trained per seed)")
     p.add_argument("--mia-refs", type=int, default=2, help="reference models for --mia strong (even; default 2)")

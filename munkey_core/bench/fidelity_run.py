@@ -47,6 +47,13 @@ def _seeds(count: int, listed: str | None) -> list[int]:
     return list(range(count))
 
 
+def design_label(inject_at: int) -> str:
+    """The MUNKEY design a table measures, in words."""
+    if inject_at == 0:
+        return "the paper's (exemplar token from block 0)"
+    return f"late injection at block {inject_at} (late@{inject_at}: blocks before {inject_at} shared by the K neighbours)"
+
+
 class FidelityBench:
     """Trains what is missing, measures every cell (rate x seed), writes the tables."""
 
@@ -60,16 +67,28 @@ class FidelityBench:
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise MunkeyError(f"Unknown method(s) {bad}; choose from: {', '.join(METHODS)}.")
-        self.work = Path(args.work) / f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}"
+        self.inject_at = int(getattr(args, "inject_at", 0) or 0)
+        self.design = design_label(self.inject_at)
+        from munkey_core.config import resolve_profile, with_overrides
+
+        with_overrides(resolve_profile(args.profile).model, {"inject_at": self.inject_at})  # a bad L fails now
+        suffix = f"_late{self.inject_at}" if self.inject_at else ""  # never reuse paper-design models
+        self.work = Path(args.work) / f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}{suffix}"
         self.trained = 0  # models trained by this invocation (0 on a full resume)
         self.audited: dict[tuple[float, int], dict] = {}  # (rate, seed) -> seconds of the audited request
 
     # ----- models ---------------------------------------------------------------------------
     def _overrides(self, seed: int) -> dict:
+        """The recipe of the plain ViT (and of the strong attack's reference ViTs)."""
         return {"seed": seed, "epochs": self.args.epochs}
 
+    def _munkey_overrides(self, seed: int) -> dict:
+        """The MUNKEY recipe: the ViT's plus the design (its M-oracles inherit it from the run's config)."""
+        return {**self._overrides(seed), "inject_at": self.inject_at}
+
     def _originals(self, seed: int):
-        """(MUNKEY run, ViT classifier run) of this seed, trained when missing."""
+        """(MUNKEY run, ViT classifier run or None when no post-hoc method is asked for) of this seed,
+        trained when missing."""
         from munkey_core import keys
         from munkey_core.classifier_run import ClassifierRun, train_classifier_run
         from munkey_core.service import MunkeyRun, train_run
@@ -77,13 +96,19 @@ class FidelityBench:
         a, root = self.args, self.work / f"seed_{seed}"
         if not (root / "munkey" / "config.json").exists():
             train_run(a.dataset, root / "munkey", profile=a.profile, encoder=a.encoder or keys.DEFAULT_ENCODER,
-                      data_root=a.data_root, device=a.device, overrides=self._overrides(seed), progress=True)
+                      data_root=a.data_root, device=a.device, overrides=self._munkey_overrides(seed), progress=True)
             self.trained += 1
+        mrun = MunkeyRun(root / "munkey", device=a.device)
+        if mrun.model_cfg.inject_at != self.inject_at:
+            raise MunkeyError(f"{root / 'munkey'} was trained with inject_at {mrun.model_cfg.inject_at}, not "
+                              f"{self.inject_at}; use another --work or delete that folder.")
+        if not self.methods:
+            return mrun, None
         if not (root / "vit" / "config.json").exists():
             train_classifier_run(a.dataset, root / "vit", arch="vit", profile=a.profile, data_root=a.data_root,
                                  device=a.device, overrides=self._overrides(seed), progress=True)
             self.trained += 1
-        return MunkeyRun(root / "munkey", device=a.device), ClassifierRun(root / "vit", device=a.device)
+        return mrun, ClassifierRun(root / "vit", device=a.device)
 
     def _oracle(self, run_config: dict, run_root: Path, ids: list[int], kind: str) -> Path:
         from munkey_core.oracles import train_oracle
@@ -92,14 +117,16 @@ class FidelityBench:
         self.trained += int(trained)
         return path
 
-    def _strong(self, vit, ds, sets, ids_forget):
+    def _strong(self, seed: int, vit, ds, sets):
+        """The strong attack of this seed: reference ViTs of the plain ViT's recipe (`vit` None: the
+        recipe it would have), cached in --work/seed_<seed>/refs."""
         from munkey_core.mia import StrongAttack, train_reference_models
         from munkey_core.oracles import recipe_overrides
 
         a = self.args
-        refs = train_reference_models(a.dataset, vit.root.parent / "refs", n_refs=a.mia_refs,
-                                      seed=int(vit.train_cfg.seed), profile=a.profile,
-                                      overrides=recipe_overrides(vit.config), data_root=a.data_root,
+        recipe = self._overrides(seed) if vit is None else recipe_overrides(vit.config)
+        refs = train_reference_models(a.dataset, self.work / f"seed_{seed}" / "refs", n_refs=a.mia_refs,
+                                      seed=seed, profile=a.profile, overrides=recipe, data_root=a.data_root,
                                       device=a.device, on_trained=self._count)
         f, t = sets.forget, sets.test
         return StrongAttack(refs, (ds.train.images[f], ds.train.labels[f], ds.train.ids[f]),
@@ -216,12 +243,12 @@ class FidelityBench:
         ds = mrun.dataset
         ids = random_ids(ds.train.ids, rate, seed)
         m_oracle = self._oracle(mrun.config, mrun.paths.root, ids, "munkey")
-        t_oracle = self._oracle(vit.config, vit.root, ids, "vit")
+        t_oracle = None if vit is None else self._oracle(vit.config, vit.root, ids, "vit")
         sets = eval_sets(ds, ids, max_samples=a.max_samples, seed=seed)
         # the ViT's carved splits follow the same seed: the same sample ids and the same rows
-        if not np.array_equal(vit.dataset.train.ids, ds.train.ids):
+        if vit is not None and not np.array_equal(vit.dataset.train.ids, ds.train.ids):
             raise MunkeyError("The MUNKEY run and the ViT saw different training splits; delete --work and re-run.")
-        strong = self._strong(vit, ds, sets, ids) if a.mia == "strong" else None
+        strong = self._strong(seed, vit, ds, sets) if a.mia == "strong" else None
         k, tau = mrun.train_cfg.k, mrun.train_cfg.tau
         rows: list[dict] = []
 
@@ -232,14 +259,18 @@ class FidelityBench:
 
         orun = MunkeyRun(m_oracle, device=a.device)
         m_star = measure(munkey_scorer(orun.model, orun.bank, ds, mrun.split_keys, k, tau), ds, sets, strong)
-        add("Retrain (M-oracle)", "M", m_star, m_star, None)
+        late = f", late@{self.inject_at}" if self.inject_at else ""
+        add(f"Retrain (M-oracle{late})", "M", m_star, m_star, None)
         bank = copy.deepcopy(mrun.bank)
         t0 = time.perf_counter()
         bank.delete(ids)  # key deletion: the whole unlearning step, in memory (no audit, no disk)
         bank.compact()
         seconds = time.perf_counter() - t0
-        add("MUNKEY (key deletion)", "M",
+        add(f"MUNKEY (key deletion{late})", "M",
             measure(munkey_scorer(mrun.model, bank, ds, mrun.split_keys, k, tau), ds, sets, strong), m_star, seconds)
+        if vit is None:  # --methods '': MUNKEY rows only
+            atomic_write_json(path, {"tag": tag, "rows": rows})
+            return rows
         trun = ClassifierRun(t_oracle, device=a.device)
         t_star = measure(classifier_scorer(trun.model, ds, trun.cfg.img_size), ds, sets, strong)
         add("Retrain (T-oracle)", "T", t_star, t_star, None)
@@ -260,6 +291,9 @@ class FidelityBench:
         attack = next((r["MIA_attack"] for r in rows if r["MIA_attack"]), "-")
         lines = [f"## {a.dataset}, profile {a.profile}: random forgetting, {len(self.seeds)} seed(s) "
                  f"({', '.join(map(str, self.seeds))})", "",
+                 f"MUNKEY design: {self.design}."
+                 + ("" if self.methods else " MUNKEY and its M-oracle only (--methods ''): no plain ViT, T-oracle "
+                                            "or post-hoc rows."), "",
                  f"MIA attack: {attack}. Mean ± sample standard deviation over seeds; Avg Gap against the "
                  "M-oracle (MUNKEY) or the T-oracle (plain ViT and post-hoc methods); seconds = the forgetting "
                  f"step alone. Wall time of this invocation: {wall:.0f} s.", "",
@@ -290,6 +324,10 @@ class FidelityBench:
     def run(self) -> int:
         t0 = time.perf_counter()
         cells = [(r, s) for r in self.rates for s in self.seeds]
+        if not self.methods:
+            print("--methods is empty: measuring MUNKEY and its M-oracle only (no plain ViT, T-oracle or post-hoc "
+                  "rows, so no ViT is trained)")
+        print(f"MUNKEY design: {self.design}; models cached under {self.work}")
         rows: list[dict] = []
         for rate, seed in tqdm(cells, desc="fidelity", unit="cell", dynamic_ncols=True):
             rows += self.cell(rate, seed)
