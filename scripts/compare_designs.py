@@ -59,7 +59,7 @@ def design_row(run: MunkeyRun, oracle: MunkeyRun, ids: list[int], sets) -> dict:
     bank.compact()
     star = measure(munkey_scorer(oracle.model, oracle.bank, ds, run.split_keys, k, tau), ds, sets)
     mine = measure(munkey_scorer(run.model, bank, ds, run.split_keys, k, tau), ds, sets)
-    x = preprocess_images(torch.from_numpy(np.ascontiguousarray(ds.test.images[sets.test])), run.model_cfg.img_size)
+    x = preprocess_images(torch.from_numpy(np.array(ds.test.images[sets.test])), run.model_cfg.img_size)
     keys, y = run.split_keys("test")[sets.test], ds.test.labels[sets.test]
     acc = {p: accuracy(predict(run.model, bank, x, keys, k=k, tau=tau, pathway=p,
                                neighbour_predictions=False).labels, y) for p in ("both", "image", "token")}
@@ -73,7 +73,7 @@ def speed(runs: dict[str, MunkeyRun], n: int, k: int, repeats: int) -> dict[str,
     """Ensemble img/s of each run on the same n test images, timed alternately; median of `repeats`."""
     first = next(iter(runs.values()))
     ds = first.dataset
-    x = preprocess_images(torch.from_numpy(np.ascontiguousarray(ds.test.images[:n])), first.model_cfg.img_size)
+    x = preprocess_images(torch.from_numpy(np.array(ds.test.images[:n])), first.model_cfg.img_size)
     keys = first.split_keys("test")[:n]
     times: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(repeats + 1):  # the first round warms up
