@@ -167,7 +167,8 @@ def test_bench_fidelity_late_variant_munkey_rows_only(cache_dir: Path, tmp_path:
     assert "trained 2 model(s)" in out  # the late MUNKEY and its M-oracle; no ViT, T-oracle or references
     assert "--methods is empty" in out and "late injection at block 1" in out
     root = tmp_path / "work" / "digits_tiny_late1" / "seed_0"
-    assert sorted(p.name for p in root.iterdir()) == ["munkey", "rate_0.1.json"]
+    names = {p.name for p in root.iterdir()}
+    assert {"munkey", "rate_0.1.json"} <= names and not names & {"vit", "refs"}
     assert not (tmp_path / "work" / "digits_tiny").exists()  # never the paper design's folder
     (oracle,) = (root / "munkey" / "oracles").iterdir()
     assert json.loads((oracle / "config.json").read_text())["model"]["inject_at"] == 1

@@ -211,7 +211,7 @@ class FidelityBench:
             ids = random_ids(ds.train.ids, rate, seed)
             orun = MunkeyRun(self._oracle(mrun.config, mrun.paths.root, ids, "munkey"), device=a.device)
             sets = eval_sets(ds, ids, max_samples=a.max_samples, seed=seed)
-            strong = self._strong(vit, ds, sets, ids) if a.mia == "strong" else None
+            strong = self._strong(seed, vit, ds, sets) if a.mia == "strong" else None
             k, tau = mrun.train_cfg.k, mrun.train_cfg.tau
             m_star = measure(munkey_scorer(orun.model, orun.bank, ds, mrun.split_keys, k, tau), ds, sets, strong)
             model, bank, epoch = checkpoint_state(mrun, mrun.paths.checkpoints / sel["selected"])
