@@ -39,7 +39,7 @@ from munkey_core.predict import predict  # noqa: E402
 from munkey_core.service import MunkeyRun, design_name  # noqa: E402
 from munkey_core.unlearn.keydelete import random_ids  # noqa: E402
 
-RUN_FILES = ("config.json", "model.pt", "bank.npz", "history.json")
+RUN_FILES = ("config.json", "model.pt", "bank.store", "bank.store.redo", "bank.npz", "history.json")  # format 2 or 1
 
 
 def copy_run(src: Path, dest: Path) -> Path:
