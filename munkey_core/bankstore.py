@@ -94,7 +94,7 @@ class BankStore:
             if not readonly:
                 self._replay_redo()
             self._map()
-        except MunkeyError:
+        except BaseException:
             os.close(self._fd)
             raise
         self.listeners: list[DeleteListener] = []
@@ -356,17 +356,29 @@ class BankStore:
         os.pwrite(self._redo_fd(), bytes(len(_REDO_MAGIC)), 0)
         self._redo_dirty = True
 
-    def _replay_redo(self) -> None:
+    def update_pending(self) -> bool:
+        """True when the redo file holds a valid record not yet cleared: a deletion that a writer is
+        applying or that was interrupted (opening the store without `readonly` finishes it)."""
+        return self._redo_body() is not None
+
+    def _redo_body(self) -> bytes | None:
+        """The body of a valid (complete, checksummed, uncleared) redo record, else None."""
         redo = _redo_path(self.path)
         if not redo.exists():
-            return
+            return None
         data = redo.read_bytes()
         if len(data) < 16 or data[:8] != _REDO_MAGIC:
-            return  # cleared, empty or torn before the header: nothing to finish
+            return None  # cleared, empty or torn before the header: nothing to finish
         (length,) = struct.unpack("<q", data[8:16])
         body, digest = data[16:16 + length], data[16 + length:16 + length + 32]
         if len(body) != length or hashlib.sha256(body).digest() != digest:
-            return  # torn record: step 2 never started, the store is unchanged
+            return None  # torn record: step 2 never started, the store is unchanged
+        return body
+
+    def _replay_redo(self) -> None:
+        body = self._redo_body()
+        if body is None:
+            return
         n, n_after, m = struct.unpack("<qqq", body[:24])
         count = self._read_count()
         if count not in (n, n_after):

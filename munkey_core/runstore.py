@@ -11,7 +11,8 @@ vacated rows zeroed, two fdatasyncs per file): the bytes written depend on the n
 the bank size. Format 1 (bank.npz; exemplar rows inside each epoch_NNN.pt) was rewritten whole, bank
 and every checkpoint, per request. The readers here (`load_bank`, `bank_ids`, `load_checkpoint`,
 `checkpoint_ids_present`) open the files read-only: they never replay a redo record, which only
-the holder of the run's exclusive lock (a deletion) or an opening MunkeyRun may do.
+the holder of the run's exclusive lock (a deletion) or an opening MunkeyRun may do (`open_bank`:
+read-only as well where the run may not be written).
 
 Migration (format 1 -> 2) runs once, when the run is first opened by this version, under the run's
 exclusive lock, before any interrupted deletion is finished:
@@ -29,6 +30,7 @@ tests/test_atomicity.py.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Callable, Iterable
@@ -107,6 +109,23 @@ def bank_path(root: Path) -> Path:
     root = Path(root)
     return root / BANK_STORE if (root / BANK_STORE).exists() or not (root / LEGACY_BANK).exists() \
         else root / LEGACY_BANK
+
+
+def open_bank(path: Path) -> BankStore:
+    """The run's bank store at `path`, for loading it under the run lock: opened for writing, so that
+    an interrupted deletion is finished first. Where this process may not write (a read-only copy or
+    mount of the run) it is opened read-only, and refused only while a deletion is unfinished."""
+    try:
+        return BankStore(path)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise MunkeyError(f"Cannot open the memory bank {path} ({exc.strerror or exc}).") from None
+    store = BankStore(path, readonly=True)
+    if store.update_pending():
+        store.close()
+        raise MunkeyError(f"The memory bank {path} has an unfinished deletion, and this process may not write to "
+                          "the run to finish it. Open the run once with write access, then retry.")
+    return store
 
 
 def load_bank(root: Path) -> MemoryBank:

@@ -23,7 +23,6 @@ from munkey_core import data as data_mod
 from munkey_core import deletion
 from munkey_core import keys as keys_mod
 from munkey_core import runstore
-from munkey_core.bankstore import BankStore
 from munkey_core.config import ModelConfig, TrainConfig, from_dict, resolve_device, resolve_profile, with_overrides
 from munkey_core.deletion import ForgetResult
 from munkey_core.errors import MunkeyError
@@ -157,8 +156,8 @@ class MunkeyRun:
 
     def _load_state(self) -> None:
         """(Re)read the bank and forgotten.json from disk (opening the store finishes an interrupted
-        row update first; bankstore.py)."""
-        with BankStore(self.paths.bank) as store:
+        row update first; bankstore.py). A run this process may not write loads read-only."""
+        with runstore.open_bank(self.paths.bank) as store:
             self.bank = store.to_bank().to(self.device)
         self.forgotten = read_forgotten(self.paths)
         self._stamp = self._disk_stamp()

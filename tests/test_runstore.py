@@ -194,3 +194,38 @@ def test_a_migration_that_fails_on_disk_is_a_clear_error_and_leaves_format1(tiny
     monkeypatch.undo()
     assert MunkeyRun(tiny_run, device="cpu").bank.fingerprint() == want["bank"] and _snapshot(tiny_run) == want
     _is_format2(tiny_run)
+
+
+def test_a_run_this_process_may_not_write_opens_read_only(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only copy or mount of a run (EACCES/EROFS on every write open) still loads and predicts, as it
+    did with bank.npz; an unfinished deletion that it cannot finish is a clear error, not a traceback."""
+    import errno
+    import os
+
+    from munkey_core.errors import MunkeyError
+
+    want = load_bank(tiny_run).fingerprint()
+    real_open = os.open
+
+    def no_write(path, flags, *a, **k):
+        if str(path).startswith(str(tiny_run)) and flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", no_write)
+    before = {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()}
+    run = MunkeyRun(tiny_run, device="cpu")
+    assert run.bank.fingerprint() == want
+    ds = run.dataset
+    assert len(run.predict_prepared(ds.test.images[:4], run.split_keys("test")[:4]).labels) == 4
+    assert {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()} == before
+    monkeypatch.undo()
+    with BankStore(tiny_run / BANK_STORE) as store:  # a writer killed after its redo record
+        store._apply = lambda *a: None
+        store._clear_redo = lambda: None
+        store.delete([int(store.ids[0])])
+    monkeypatch.setattr(os, "open", no_write)
+    with pytest.raises(MunkeyError, match="unfinished deletion"):
+        MunkeyRun(tiny_run, device="cpu")
+    monkeypatch.undo()
+    assert len(MunkeyRun(tiny_run, device="cpu").bank) == len(run.bank) - 1  # with write access: finished
