@@ -334,6 +334,9 @@ def cmd_select(args: argparse.Namespace) -> int:
                  f"No checkpoint has Ps <= {sel.max_ps:g}: none selected.")
     result = sel.to_dict()
     if args.out:
+        if not args.json:  # the scores first: they stay on screen when writing is refused
+            print("\n".join(lines), flush=True)
+            lines = []
         result["written"] = str(write_selected(run, sel, args.out))
         lines.append(f"wrote the selected checkpoint as a new run: {result['written']}")
     _emit(result, args.json, "\n".join(lines))

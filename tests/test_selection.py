@@ -93,7 +93,9 @@ def test_no_balanced_checkpoint_and_bad_input_give_clear_errors(tiny_run: Path, 
     assert "none selected" in capsys.readouterr().out
     assert main(["select", str(tiny_run), "--val-rate", "0.1", "--max-ps", "1e-12", "--max-samples", "100",
                  "--out", str(tmp_path / "x")]) == 2
-    assert "Ps <=" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    captured = capsys.readouterr()
+    assert "Ps <=" in captured.err and not (tmp_path / "x").exists()
+    assert "epoch_015.pt" in captured.out and "none selected" in captured.out  # the scores are still shown
     # after a deletion the scores still work, but the run is not rewound (its audit trail stays with it)
     assert main(["forget", str(tiny_run), "--ids", str(int(run.bank.ids[0])), "--operator", "t", "--no-evaluate"]) == 0
     run = MunkeyRun(tiny_run, device="cpu")
