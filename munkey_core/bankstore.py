@@ -23,7 +23,8 @@ A new record is zero-padded over whatever the previous (longer) record left behi
 file never keeps an older request's moved rows once one of them is deleted.
 A crash anywhere leaves a state that `open` completes by replaying a valid redo record (replay is
 idempotent; a torn record fails its checksum and means step 2 never started).
-Cost per request: O(#deleted * row bytes) writes and two fdatasyncs of data blocks; independent of N.
+Cost per request: O(#deleted * row bytes) writes and two fdatasyncs of data blocks; independent of N
+(the first request after a larger one also writes zeros over that one's longer record, once).
 Reads go through a read-only memory map, so opening a 1M-row store costs no RAM until searched.
 The id -> row dict (about 100 bytes per entry) is built on the first lookup that needs it; a
 deletion on a freshly opened store finds its rows by a vectorised scan of the id column instead
