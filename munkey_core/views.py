@@ -177,14 +177,15 @@ def retrieval_check(run: MunkeyRun, ids: Sequence[int], k: int | None = None) ->
     if not ids:
         return result
     keys = run.encoder.encode(training_images(run, ids))
-    with run.lock:
+    # the bank file changes in place: read it under the run lock, between deletions (not during one)
+    with run.lock, run.runlock.hold(exclusive=False):
         in_memory = [i for i in ids if i in run.bank]
         if len(run.bank):
             _, rows = run.bank.search(keys, k)
             found = set(int(x) for x in run.bank.ids[rows.cpu().numpy()].ravel())
         else:
             found = set()
-    on_disk = set(int(x) for x in bank_ids(run.paths.root))
+        on_disk = set(int(x) for x in bank_ids(run.paths.root))
     result["retrieved"] = sorted(found & set(ids))
     result["in_memory_bank"] = in_memory
     result["in_bank_file"] = sorted(on_disk & set(ids))
