@@ -254,7 +254,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
-    from munkey_core.deletion import RefusedRequest, record_refusal
+    from munkey_core.deletion import RefusedRequest, UnfinishedRequest, record_refusal
     from munkey_core.service import MunkeyRun
     from munkey_core.unlearn.keydelete import parse_ids, read_ids_file
 
@@ -269,7 +269,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
             ids = read_ids_file(args.ids_file)
         run = MunkeyRun(args.run, device=args.device, audit_url=args.audit_url)
         res = run.forget(ids, **opts) if ids is not None else run.forget_random(args.random_fraction, args.seed, **opts)
-    except RefusedRequest:
+    except (RefusedRequest, UnfinishedRequest):  # logged already, or committed: never a refusal
         raise
     except MunkeyError as exc:  # refused before reaching the run: record it when the log is intact
         rid = record_refusal(args.run, reason=str(exc), operator=args.operator, subject=args.subject,

@@ -81,6 +81,15 @@ class RefusedRequest(MunkeyError):
         self.request_id = request_id
 
 
+class UnfinishedRequest(MunkeyError):
+    """A request committed (journal.json on disk) whose files or audit entry could not be finished now
+    (a full disk, a damaged row file...): never a refusal; the next open of the run finishes it."""
+
+    def __init__(self, message: str, request_id: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
 def new_request_id() -> str:
     return "req-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(4)
 
@@ -213,7 +222,14 @@ def forget(run: "MunkeyRun", ids: Sequence[int], *, operator: str | None = None,
             atomic_write_json(run.paths.root / JOURNAL_NAME, journal)  # the commit point
             crash_point("journal")
             report("deleting", 0.45)
-            return finish(run, log, journal, keys=keys, t0=t0, progress=report)
+            try:
+                return finish(run, log, journal, keys=keys, t0=t0, progress=report)
+            except (MunkeyError, OSError) as exc:
+                detail = str(exc) if isinstance(exc, MunkeyError) else f"{exc.strerror or exc}."
+                raise UnfinishedRequest(
+                    f"The deletion request {request_id} is committed but could not be finished now: {detail} It is "
+                    "not refused and need not be filed again: once that is fixed, the next open of the run (or "
+                    "the next request) finishes it.", request_id) from None
 
 
 def _prepare(run: "MunkeyRun", log: AuditLog, request_id: str, ids: list[int], todo: list[int],

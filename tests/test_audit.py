@@ -270,3 +270,35 @@ def test_audit_views_are_read_only_and_check_uploaded_receipts(tiny_run: Path) -
     assert {p: p.stat().st_mtime_ns for p in tiny_run.rglob("*") if p.is_file()} == files  # nothing written
     assert auditviews.refuse_unauthorised(run, [1, 2], "mallory")
     assert auditviews.audit_rows(run)[-1]["kind"] == "refused"
+
+
+@pytest.mark.parametrize("failure", ["full disk", "damaged row file"])
+def test_a_request_that_fails_after_its_commit_point_is_not_logged_as_refused(tiny_run: Path, capsys, failure: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk or a damaged checkpoint row file met after journal.json is written: the request is
+    committed, so the CLI must not append a 'refused' entry for it (nor show a traceback); the next
+    open finishes it."""
+    import errno
+
+    from munkey_core import deletion
+    from munkey_core.errors import MunkeyError
+    from munkey_core.service import MunkeyRun
+
+    ids = load_bank(tiny_run).ids[:2].tolist()
+
+    def fail(*a, **k):
+        if failure == "full disk":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise MunkeyError("The bank store epoch_015.rows is damaged or truncated (wrong size).")
+
+    monkeypatch.setattr(deletion, "purge_checkpoints", fail)
+    code, _, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", ",".join(map(str, ids)), "--no-evaluate")
+    assert code == 2 and "committed" in err and "Traceback" not in err and "refused request" not in err
+    assert (tiny_run / "journal.json").exists()
+    monkeypatch.undo()
+    run = MunkeyRun(tiny_run, device="cpu")  # the next open finishes the committed request
+    assert not set(ids) & set(run.bank.ids.tolist()) and not (tiny_run / "journal.json").exists()
+    code, out, _ = run_cli(capsys, "audit", "show", str(tiny_run), "--json")
+    kinds = [e["kind"] for e in json.loads(out)["entries"]]
+    assert kinds == ["deletion"], kinds
+    assert run_cli(capsys, "audit", "verify", str(tiny_run))[0] == 0
