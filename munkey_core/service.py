@@ -260,7 +260,12 @@ class MunkeyRun:
 
     def _recover(self) -> None:
         """Finish an interrupted deletion (journal.json, or legacy ids in forgotten.json still in the bank)."""
-        deletion.recover(self)
+        try:
+            deletion.recover(self)
+        except OSError as exc:
+            raise MunkeyError(f"An interrupted deletion in {self.paths.root} could not be finished "
+                              f"({exc.strerror or exc}). Free disk space or make the run directory writable, then "
+                              "open the run again: it is finished then.") from None
         self._stamp = self._disk_stamp()
 
     # ----- evaluation ----------------------------------------------------------------------

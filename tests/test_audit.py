@@ -295,6 +295,8 @@ def test_a_request_that_fails_after_its_commit_point_is_not_logged_as_refused(ti
     code, _, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", ",".join(map(str, ids)), "--no-evaluate")
     assert code == 2 and "committed" in err and "Traceback" not in err and "refused request" not in err
     assert (tiny_run / "journal.json").exists()
+    with pytest.raises(MunkeyError, match="is damaged" if failure != "full disk" else "interrupted deletion"):
+        MunkeyRun(tiny_run, device="cpu")  # while the cause lasts, opening says so (no traceback)
     monkeypatch.undo()
     run = MunkeyRun(tiny_run, device="cpu")  # the next open finishes the committed request
     assert not set(ids) & set(run.bank.ids.tolist()) and not (tiny_run / "journal.json").exists()
