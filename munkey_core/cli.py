@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from munkey_core.errors import MunkeyError
+from munkey_core.errors import MunkeyError, non_negative_int
 
 EXIT_USER_ERROR = 2
 
@@ -76,7 +76,7 @@ def _add_forget(sub: argparse._SubParsersAction) -> None:
                    "only a keyed hash of it")
     p.add_argument("--no-evaluate", action="store_true", help="skip measuring TA/RA/FA/MIA before and after "
                    "(faster; recorded as not evaluated)")
-    p.add_argument("--max-samples", type=int, default=2000, help="cap per evaluated set (0 = all)")
+    p.add_argument("--max-samples", type=non_negative_int, default=2000, help="cap per evaluated set (0 = all)")
     p.add_argument("--audit-url", default=None, help="PostgreSQL URL of the audit log (default: $MUNKEY_AUDIT_URL, "
                    "else the run's own SQLite log)")
     p.add_argument("--device", default="auto")
@@ -105,7 +105,7 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="TA, RA, FA, MIA (cheap attack) and Ps of a run")
     p.add_argument("run")
-    p.add_argument("--max-samples", type=int, default=2000, help="cap per evaluated set (0 = all)")
+    p.add_argument("--max-samples", type=non_negative_int, default=2000, help="cap per evaluated set (0 = all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--oracle", action="store_true", help="compare with the M-oracle (the run's recipe retrained "
                    "without the current forget set; trained and cached in RUN/oracles/ on first use): gaps, Avg Gap")
@@ -119,7 +119,7 @@ def _add_select(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run")
     p.add_argument("--val-rate", type=float, default=0.05, help="size of the validation forget split (default 0.05)")
     p.add_argument("--max-ps", type=float, default=0.3, help="pathway-sensitivity bound (default 0.3)")
-    p.add_argument("--max-samples", type=int, default=1000, help="cap per evaluated set (0 = all; default 1000)")
+    p.add_argument("--max-samples", type=non_negative_int, default=1000, help="cap per evaluated set (0 = all; default 1000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-train", action="store_true", help="fail instead of training the split's M-oracle")
     p.add_argument("--out", default=None, help="write the selected checkpoint as a new run directory here")
@@ -315,10 +315,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
-    from munkey_core.selection import select_checkpoint, write_selected
+    from munkey_core.selection import check_target, select_checkpoint, write_selected
     from munkey_core.service import MunkeyRun
 
     run = MunkeyRun(args.run, device=args.device)
+    if args.out:
+        check_target(run, args.out)
     sel = select_checkpoint(run, val_rate=args.val_rate, seed=args.seed, max_ps=args.max_ps,
                             max_samples=args.max_samples, train_missing=not args.no_train,
                             oracle_progress=not args.json)

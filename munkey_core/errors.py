@@ -7,3 +7,16 @@ its traceback. Messages say what went wrong *and what to do about it*.
 
 class MunkeyError(Exception):
     """A user-facing error whose message tells the user how to fix the problem."""
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type for counts where 0 means "all" (e.g. --max-samples): a clear error for -1 or 'x'."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (all) or more, got {value}")
+    return value

@@ -102,7 +102,8 @@ def checkpoint_state(run: "MunkeyRun", path: Path) -> tuple[torch.nn.Module, Mem
     ckpt = runstore.load_checkpoint(path)  # weights from the .pt, exemplar rows from its row file
     ids = np.asarray(ckpt["ids"], dtype=np.int64)
     if len(ids) != len(run.bank) or not np.isin(ids, run.bank.ids).all():
-        raise MunkeyError(f"{path.name} holds other samples than the run's bank; the run is damaged.")
+        raise MunkeyError(f"{path.name} holds other samples than the run's bank: a deletion ran while selecting "
+                          "(run 'munkey select' again), or the run directory is damaged.")
     model = copy.deepcopy(run.model)
     model.load_state_dict(ckpt["model"])
     model.eval()
@@ -186,6 +187,20 @@ def select_checkpoint(run: "MunkeyRun", *, val_rate: float = 0.05, seed: int = 0
     return out
 
 
+def check_target(run: "MunkeyRun", out: str | Path) -> Path:
+    """Refuse, before minutes of scoring, a selected run that could not be written: the run already has
+    deletions (their audit trail belongs to it), or `out` is a file or a folder that is not empty."""
+    if run.forgotten_ids:
+        raise MunkeyError("This run already has deletions, and their audit trail belongs to it: select a checkpoint "
+                          "right after training, before the first deletion (without --out, 'munkey select' still "
+                          "scores the checkpoints).")
+    dest = Path(out)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise MunkeyError(f"{dest} already exists and is not an empty folder; choose a new folder for the "
+                          "selected run.")
+    return dest
+
+
 def write_selected(run: "MunkeyRun", selection: Selection, out: str | Path) -> Path:
     """A new run directory whose weights and exemplars are the selected checkpoint's (original untouched)."""
     from munkey_core.rundir import RunPaths
@@ -193,12 +208,7 @@ def write_selected(run: "MunkeyRun", selection: Selection, out: str | Path) -> P
     if selection.selected is None:
         raise MunkeyError(f"No checkpoint has Ps <= {selection.max_ps}; nothing to write. Try a larger --max-ps "
                           "or retrain with more pathway dropout.")
-    if run.forgotten_ids:
-        raise MunkeyError("This run already has deletions, and their audit trail belongs to it: select a checkpoint "
-                          "right after training, before the first deletion (scores above are still valid).")
-    dest = Path(out)
-    if dest.exists() and any(dest.iterdir()):
-        raise MunkeyError(f"{dest} already exists and is not empty; choose a new folder for the selected run.")
+    dest = check_target(run, out)
     model, bank, epoch = checkpoint_state(run, run.paths.checkpoints / selection.selected)
     paths = RunPaths(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -163,3 +163,12 @@ def test_console_script_is_installed() -> None:
     exe = Path(sys.executable).parent / "munkey"
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "forget" in out.stdout
+
+
+@pytest.mark.parametrize("command", [["evaluate"], ["select"], ["forget", "--ids", "1", *OP]])
+def test_negative_max_samples_is_a_usage_error_not_a_traceback(tiny_run: Path, capsys, command: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([command[0], str(tiny_run), *command[1:], "--max-samples", "-1"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--max-samples: must be 0 (all) or more" in err and "Traceback" not in err
+    assert not (tiny_run / "forgotten.json").exists()

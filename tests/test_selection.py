@@ -75,9 +75,13 @@ def test_selected_checkpoint_becomes_a_new_run_and_the_original_is_untouched(tin
     assert torch.equal(new.bank.values[torch.from_numpy(new.bank.rows_of(bank.ids))], bank.values)
     # the new run serves and forgets like any run
     assert main(["forget", str(out), "--ids", str(int(bank.ids[0])), "--operator", "t", "--no-evaluate"]) == 0
-    # a second write to the same folder is refused, nothing overwritten
+    # a second write to the same folder, or onto a file, is refused before any scoring, nothing overwritten
     assert main(["select", str(tiny_run), "--val-rate", "0.1", "--max-ps", "10", "--out", str(out)]) == 2
-    assert "not empty" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "not an empty folder" in captured.err and "epoch_" not in captured.out
+    (tmp_path / "file").write_text("keep me")
+    assert main(["select", str(tiny_run), "--out", str(tmp_path / "file")]) == 2
+    assert "not an empty folder" in capsys.readouterr().err and (tmp_path / "file").read_text() == "keep me"
 
 
 def test_no_balanced_checkpoint_and_bad_input_give_clear_errors(tiny_run: Path, tmp_path: Path,
@@ -102,6 +106,9 @@ def test_no_balanced_checkpoint_and_bad_input_give_clear_errors(tiny_run: Path, 
     sel = select_checkpoint(run, val_rate=0.1, max_ps=10.0, max_samples=100, oracle_progress=False)
     with pytest.raises(MunkeyError, match="already has deletions"):
         write_selected(run, sel, tmp_path / "y")
+    assert main(["select", str(tiny_run), "--out", str(tmp_path / "y")]) == 2  # refused before scoring
+    captured = capsys.readouterr()
+    assert "already has deletions" in captured.err and "epoch_" not in captured.out
     for f in checkpoint_files(run):
         f.unlink()
     with pytest.raises(MunkeyError, match="no per-epoch checkpoints"):

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 
+from munkey_core.errors import non_negative_int
+
 HELP = "random forgetting vs retrained oracles: TA, RA, FA, MIA, Avg Gap, seconds (MUNKEY and post-hoc baselines)"
 
 
@@ -45,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for the validation forget split)")
     p.add_argument("--max-ps", type=float, default=0.3, help="--select: pathway-sensitivity bound (default 0.3)")
     p.add_argument("--val-rate", type=float, default=0.05, help="--select: validation forget split (default 0.05)")
-    p.add_argument("--max-samples", type=int, default=2000, help="cap per evaluated set (0 = all)")
+    p.add_argument("--max-samples", type=non_negative_int, default=2000, help="cap per evaluated set (0 = all)")
     p.add_argument("--encoder", default=None, help="MUNKEY key encoder (default: the package default)")
     p.add_argument("--work", default="runs/fidelity", help="folder for the trained models (reused on re-runs)")
     p.add_argument("--out", default=None, help="folder for the Markdown and CSV tables")

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import csv
 import shlex
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -30,6 +33,19 @@ def _floats(text: str) -> list[float]:
     if not vals or not all(0 < v < 1 for v in vals):
         raise MunkeyError(f"--rates must be fractions between 0 and 1 (exclusive), got {text!r}.")
     return vals
+
+
+@contextmanager
+def _own_sqlite_log() -> Iterator[None]:
+    """Within: a run without a log gets its own SQLite log, whatever $MUNKEY_AUDIT_URL says."""
+    from munkey_core.audit import URL_ENV
+
+    saved = os.environ.pop(URL_ENV, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[URL_ENV] = saved
 
 
 def _seeds(count: int, listed: str | None) -> list[int]:
@@ -164,7 +180,8 @@ class FidelityBench:
             run = MunkeyRun(copy_dir, device=self.args.device)
             ids = random_ids(run.dataset.train.ids, rate, seed)
             t0 = time.perf_counter()
-            res = run.forget(ids, operator="fidelity bench", source="random-fraction")
+            with _own_sqlite_log():  # never append bench entries to a shared PostgreSQL log
+                res = run.forget(ids, operator="fidelity bench", source="random-fraction")
             out = {"request_seconds": time.perf_counter() - t0, "deletion_seconds": res.seconds,
                    "deleted": len(res.deleted), "bank_size": res.bank_size}
         finally:
