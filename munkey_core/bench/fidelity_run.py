@@ -313,7 +313,8 @@ class FidelityBench:
                                             "or post-hoc rows."), "",
                  f"MIA attack: {attack}. Mean ± sample standard deviation over seeds; Avg Gap against the "
                  "M-oracle (MUNKEY) or the T-oracle (plain ViT and post-hoc methods); seconds = the forgetting "
-                 f"step alone. Wall time of this invocation: {wall:.0f} s.", "",
+                 f"step alone. Wall time of this invocation: {wall:.0f} s ({self.trained} model(s) trained by it; "
+                 "cells and models found in --work are read, not recomputed).", "",
                  "Command: `munkey " + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "`", ""]
         for rate in self.rates:
             lines += [f"### forget {rate * 100:g}%", "", "| method | oracle | " + " | ".join(TABLE) + " |",
