@@ -35,6 +35,24 @@ def _floats(text: str) -> list[float]:
     return vals
 
 
+def _row(rate: float, seed: int, method: str, oracle_name: str, metrics: dict, oracle: dict,
+         seconds: float | None, **extra) -> dict:
+    """One table row: the model's TA/RA/FA/MIA, its Avg Gap to `oracle`, the forgetting seconds."""
+    from munkey_core.oracles import gaps
+
+    return {"rate": rate, "seed": seed, "method": method, "oracle": oracle_name,
+            **{m: metrics[m] for m in ("TA", "RA", "FA", "MIA")}, "AvgGap": gaps(metrics, oracle)["AvgGap"],
+            "seconds": seconds, "MIA_attack": metrics["MIA_attack"], **extra}
+
+
+def _timed_key_deletion(bank, ids: list[int]) -> float:
+    """MUNKEY's whole unlearning step, in memory (no audit, no disk): delete the keys; its seconds."""
+    t0 = time.perf_counter()
+    bank.delete(ids)
+    bank.compact()
+    return time.perf_counter() - t0
+
+
 @contextmanager
 def _own_sqlite_log() -> Iterator[None]:
     """Within: a run without a log gets its own SQLite log, whatever $MUNKEY_AUDIT_URL says."""
@@ -156,7 +174,7 @@ class FidelityBench:
         """Rows of one (rate, seed), plus the selected checkpoint's row with --select."""
         rows = self._base_cell(rate, seed)
         if getattr(self.args, "select", False):
-            rows = rows + self._selected_rows(rate, seed)
+            rows = rows + self._selected_rows(rate, seed, rows)
         self.audited[(rate, seed)] = self._audited_request(rate, seed)
         return rows
 
@@ -204,12 +222,12 @@ class FidelityBench:
         atomic_write_json(path, {"tag": tag, "selection": sel})
         return sel
 
-    def _selected_rows(self, rate: float, seed: int) -> list[dict]:
+    def _selected_rows(self, rate: float, seed: int, base_rows: list[dict]) -> list[dict]:
         """MUNKEY's key deletion on the checkpoint `munkey select` picks (lowest Avg Gap on a validation
-        forget split among Ps <= max_ps), against the same M-oracle and samples as the final model."""
-        from munkey_core.oracles import eval_sets, gaps, measure, munkey_scorer
+        forget split among Ps <= max_ps), against the same M-oracle measurement (the cell's own row) and
+        the same samples as the final model."""
+        from munkey_core.oracles import eval_sets, measure, munkey_scorer
         from munkey_core.selection import checkpoint_state
-        from munkey_core.service import MunkeyRun
         from munkey_core.unlearn.keydelete import random_ids
 
         a = self.args
@@ -226,27 +244,21 @@ class FidelityBench:
         else:
             ds = mrun.dataset
             ids = random_ids(ds.train.ids, rate, seed)
-            orun = MunkeyRun(self._oracle(mrun.config, mrun.paths.root, ids, "munkey"), device=a.device)
             sets = eval_sets(ds, ids, max_samples=a.max_samples, seed=seed)
             strong = self._strong(seed, vit, ds, sets) if a.mia == "strong" else None
-            k, tau = mrun.train_cfg.k, mrun.train_cfg.tau
-            m_star = measure(munkey_scorer(orun.model, orun.bank, ds, mrun.split_keys, k, tau), ds, sets, strong)
+            m_star = next(r for r in base_rows if r["method"].startswith("Retrain (M-oracle"))
             model, bank, epoch = checkpoint_state(mrun, mrun.paths.checkpoints / sel["selected"])
-            t0 = time.perf_counter()
-            bank.delete(ids)
-            bank.compact()
-            seconds = time.perf_counter() - t0
+            seconds = _timed_key_deletion(bank, ids)
+            k, tau = mrun.train_cfg.k, mrun.train_cfg.tau
             m = measure(munkey_scorer(model, bank, ds, mrun.split_keys, k, tau), ds, sets, strong)
-            rows.append({"rate": rate, "seed": seed, "method": SELECTED, "oracle": "M",
-                         **{c: m[c] for c in ("TA", "RA", "FA", "MIA")}, "AvgGap": gaps(m, m_star)["AvgGap"],
-                         "seconds": seconds, "MIA_attack": m["MIA_attack"], "epoch": epoch})
+            rows.append(_row(rate, seed, SELECTED, "M", m, m_star, seconds, epoch=epoch))
         atomic_write_json(path, {"tag": tag, "rows": rows})
         return rows
 
     def _base_cell(self, rate: float, seed: int) -> list[dict]:
         """Rows of one (rate, seed): oracles, MUNKEY key deletion, the ViT and its post-hoc methods."""
         from munkey_core.classifier_run import ClassifierRun
-        from munkey_core.oracles import classifier_scorer, eval_sets, gaps, measure, munkey_scorer
+        from munkey_core.oracles import classifier_scorer, eval_sets, measure, munkey_scorer
         from munkey_core.service import MunkeyRun
         from munkey_core.unlearn.keydelete import random_ids
         from munkey_core.unlearn.posthoc import run_posthoc
@@ -270,19 +282,14 @@ class FidelityBench:
         rows: list[dict] = []
 
         def add(method: str, oracle_name: str, metrics: dict, oracle: dict, seconds: float | None) -> None:
-            rows.append({"rate": rate, "seed": seed, "method": method, "oracle": oracle_name,
-                         **{m: metrics[m] for m in ("TA", "RA", "FA", "MIA")}, "AvgGap": gaps(metrics, oracle)["AvgGap"],
-                         "seconds": seconds, "MIA_attack": metrics["MIA_attack"]})
+            rows.append(_row(rate, seed, method, oracle_name, metrics, oracle, seconds))
 
         orun = MunkeyRun(m_oracle, device=a.device)
         m_star = measure(munkey_scorer(orun.model, orun.bank, ds, mrun.split_keys, k, tau), ds, sets, strong)
         late = f", late@{self.inject_at}" if self.inject_at else ""
         add(f"Retrain (M-oracle{late})", "M", m_star, m_star, None)
         bank = copy.deepcopy(mrun.bank)
-        t0 = time.perf_counter()
-        bank.delete(ids)  # key deletion: the whole unlearning step, in memory (no audit, no disk)
-        bank.compact()
-        seconds = time.perf_counter() - t0
+        seconds = _timed_key_deletion(bank, ids)
         add(f"MUNKEY (key deletion{late})", "M",
             measure(munkey_scorer(mrun.model, bank, ds, mrun.split_keys, k, tau), ds, sets, strong), m_star, seconds)
         if vit is None:  # --methods '': MUNKEY rows only
