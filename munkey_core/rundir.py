@@ -114,10 +114,10 @@ def read_list(path: Path) -> list:
     return read_json(path) if path.exists() else []
 
 
-def load_state_dict(path: Path, device: torch.device) -> dict:
-    """torch.load a weights file with a clear error if it is damaged."""
+def load_state_dict(path: Path, device: torch.device,
+                    what_to_do: str = "restore the run from a backup or retrain it") -> dict:
+    """torch.load a weights file with a clear error if it is damaged (`what_to_do` ends the message)."""
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:
-        raise MunkeyError(f"{path} is damaged or truncated ({type(exc).__name__}); restore the run "
-                          "from a backup or retrain it.") from None
+        raise MunkeyError(f"{path} is damaged or truncated ({type(exc).__name__}); {what_to_do}.") from None

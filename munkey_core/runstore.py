@@ -41,6 +41,7 @@ import torch
 from munkey_core.bankstore import BankStore
 from munkey_core.errors import MunkeyError
 from munkey_core.memory import MemoryBank
+from munkey_core.rundir import load_state_dict
 from munkey_core.runlock import crash_point
 from munkey_core.storage import atomic_torch_save, atomic_write_json, fsync_dir, read_json
 
@@ -171,10 +172,8 @@ def row_files(directory: Path) -> list[Path]:
 
 
 def _torch_load(path: Path) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        raise MunkeyError(f"Checkpoint {path} is damaged; delete it or restore it, then retry.") from None
+    """A checkpoint's .pt on the CPU; a damaged one says to delete or restore that checkpoint."""
+    return load_state_dict(path, torch.device("cpu"), "it is a checkpoint: delete it or restore it, then retry")
 
 
 def load_checkpoint(path: Path) -> dict:
