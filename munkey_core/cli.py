@@ -191,7 +191,8 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from munkey_core import keys, service
+    from munkey_core import service
+    from munkey_core.keys import encoders as keys
 
     overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
                                                 "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
@@ -200,7 +201,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise MunkeyError("--inject-at is a MUNKEY option (where the exemplar token joins); a resnet18 / vit run has "
                           "no exemplar token. Drop --inject-at or use --arch munkey.")
     if args.arch != "munkey":
-        from munkey_core.classifier_run import train_classifier_run
+        from munkey_core.run.classifier import train_classifier_run
 
         crun = train_classifier_run(args.dataset, args.out, arch=args.arch, profile=args.profile,
                                     exclude_classes=args.exclude_class, data_root=args.data_root,
@@ -254,7 +255,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
-    from munkey_core.deletion import RefusedRequest, UnfinishedRequest, record_refusal
+    from munkey_core.forget.request import RefusedRequest, UnfinishedRequest, record_refusal
     from munkey_core.service import MunkeyRun
     from munkey_core.unlearn.keydelete import parse_ids, read_ids_file
 
@@ -295,7 +296,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     run = MunkeyRun(args.run, device=args.device)
     if args.oracle:
-        from munkey_core.oracles import evaluate_against_oracle
+        from munkey_core.eval.oracles import evaluate_against_oracle
 
         r = evaluate_against_oracle(run, max_samples=args.max_samples, seed=args.seed, progress=not args.json)
         rows = [(name, r[key]) for name, key in (("run", "run"), ("M-oracle", "oracle"))]
@@ -315,7 +316,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
-    from munkey_core.selection import check_target, select_checkpoint, write_selected
+    from munkey_core.eval.selection import check_target, select_checkpoint, write_selected
     from munkey_core.service import MunkeyRun
 
     run = MunkeyRun(args.run, device=args.device)
@@ -346,7 +347,8 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from munkey_core import audit, receipts
+    from munkey_core.audit import log as audit
+    from munkey_core.audit import receipts
 
     if args.audit_command == "verify":
         v = audit.verify_run(args.run, args.audit_url)
@@ -401,8 +403,8 @@ def _free_dir(base: Path) -> Path:
 
 
 def cmd_unact(args: argparse.Namespace) -> int:
-    from munkey_core.classforget import ClassEditor
-    from munkey_core.images import read_image_dir
+    from munkey_core.unlearn.classforget import ClassEditor
+    from munkey_core.data.images import read_image_dir
     from munkey_core.unlearn.unact import UnActConfig
 
     editor = ClassEditor(args.run, device=args.device)

@@ -19,23 +19,23 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from munkey_core import data as data_mod
-from munkey_core import deletion
-from munkey_core import keys as keys_mod
-from munkey_core import runstore
+from munkey_core.data import datasets as data_mod
+from munkey_core.forget import request as deletion
+from munkey_core.keys import encoders as keys_mod
+from munkey_core.run import rows as runstore
 from munkey_core.config import ModelConfig, TrainConfig, from_dict, resolve_device, resolve_profile, with_overrides
-from munkey_core.deletion import ForgetResult
+from munkey_core.forget.request import ForgetResult
 from munkey_core.errors import MunkeyError
-from munkey_core.evidence import model_fingerprint
-from munkey_core.images import match_channels, read_image_file, resize_to
-from munkey_core.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc, pathway_sensitivity
-from munkey_core.model import MunkeyViT, preprocess_images
-from munkey_core.predict import Predictions, predict
-from munkey_core.rundir import (FORMAT_VERSION, RunPaths, load_state_dict, open_run, read_config, read_forgotten,
+from munkey_core.forget.evidence import model_fingerprint
+from munkey_core.data.images import match_channels, read_image_file, resize_to
+from munkey_core.eval.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc, pathway_sensitivity
+from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
+from munkey_core.model.predict import Predictions, predict
+from munkey_core.run.paths import (FORMAT_VERSION, RunPaths, load_state_dict, open_run, read_config, read_forgotten,
                                 read_list)
-from munkey_core.runlock import RunLock
-from munkey_core.storage import atomic_torch_save, atomic_write_json
-from munkey_core.train import TrainData, train_munkey
+from munkey_core.run.lock import RunLock
+from munkey_core.run.atomic import atomic_torch_save, atomic_write_json
+from munkey_core.training.train import TrainData, train_munkey
 from munkey_core.unlearn.keydelete import random_ids
 
 Progress = Callable[[str, float], None]  # (stage, fraction done)

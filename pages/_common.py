@@ -10,11 +10,11 @@ from pathlib import Path
 import streamlit as st
 
 from munkey_core.errors import MunkeyError
-from munkey_core.runstore import bank_stamp
+from munkey_core.run.rows import bank_stamp
 from munkey_core.service import MunkeyRun
 from typing import Callable, Sequence
 
-from munkey_core.views import TrainingJob, display_image, training_images
+from munkey_core.dashboard.views import TrainingJob, display_image, training_images
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RUN = ROOT / "runs" / "demo"
@@ -151,7 +151,7 @@ IMAGE_TYPES = ["png", "jpg", "jpeg", "bmp", "tif", "tiff", "npy"]
 def decoded_uploads(files) -> list[tuple[str, object]]:
     """(name, image) for each readable uploaded file, decoded in memory; an unreadable one shows its
     error and is skipped (the page keeps working)."""
-    from munkey_core.images import decode_image
+    from munkey_core.data.images import decode_image
 
     out = []
     for f in files or []:

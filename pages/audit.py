@@ -8,7 +8,7 @@ import pandas as pd
 
 import streamlit as st
 
-from munkey_core.auditviews import audit_rows, audit_status, check_receipt_bytes, receipt_documents
+from munkey_core.dashboard.auditviews import audit_rows, audit_status, check_receipt_bytes, receipt_documents
 from pages._common import require_run, user_errors
 
 run = require_run()

@@ -2,7 +2,7 @@
 
 Pick the model (the open MUNKEY run, or a ResNet-18 / ViT classifier run next to it), the images of
 the class (a class and n from the training data, or uploaded images: no label needed), and p, gamma
-and k; the request runs off the script thread (munkey_core.classforget_job) with a per-round chart of
+and k; the request runs off the script thread (munkey_core.dashboard.classforget_job) with a per-round chart of
 Af and Ar, then is compared with SSD and LFSSD (classifier runs) or with key deletion alone and UnAct
 alone (MUNKEY runs). Keeping the edited model saves it as a new run and needs the operator credential;
 the original run is never modified.
@@ -14,12 +14,12 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from munkey_core.classforget import ClassEditor
-from munkey_core.classforget_job import ClassUnlearnJob
-from munkey_core.classifier_run import RESNET_PROFILES, classifier_runs_in, train_classifier_run
+from munkey_core.unlearn.classforget import ClassEditor
+from munkey_core.dashboard.classforget_job import ClassUnlearnJob
+from munkey_core.run.classifier import RESNET_PROFILES, classifier_runs_in, train_classifier_run
 from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.unact import UnActConfig
-from munkey_core.views import TrainingJob, check_credential
+from munkey_core.dashboard.views import TrainingJob, check_credential
 from pages._common import (IMAGE_TYPES, ROOT, configured_token, decoded_uploads, fmt, require_run, run_dir,
                            user_errors)
 

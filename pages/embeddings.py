@@ -2,7 +2,7 @@
 
 Select points with the lasso or box to see their images, export their ids as CSV, or send them to
 the Deletion page (ids in st.session_state["deletion_ids_prefill"]). The maps are computed off the
-script thread by munkey_core.embeddings.EmbeddingJob, one job per (run, bank file state, cap,
+script thread by munkey_core.dashboard.embeddings.EmbeddingJob, one job per (run, bank file state, cap,
 seed), kept in st.cache_resource so later visits and other sessions reuse the result.
 """
 
@@ -13,9 +13,9 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from munkey_core.embeddings import (MAX_POINTS, EmbeddingJob, EmbeddingMaps, MapParams, ids_csv, ids_from_points,
+from munkey_core.dashboard.embeddings import (MAX_POINTS, EmbeddingJob, EmbeddingMaps, MapParams, ids_csv, ids_from_points,
                                     trace_groups)
-from munkey_core.runstore import bank_stamp
+from munkey_core.run.rows import bank_stamp
 from pages._common import require_run, thumbnail_grid, user_errors
 
 PREFILL_KEY = "deletion_ids_prefill"  # read by the Deletion requests page: list[int], ascending

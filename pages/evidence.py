@@ -1,14 +1,14 @@
 """Case evidence (for clinicians): a prediction and the training cases it leaned on.
 
-Uploads are decoded in memory (munkey_core.images.decode_image) and never written to disk.
+Uploads are decoded in memory (munkey_core.data.images.decode_image) and never written to disk.
 """
 
 import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from munkey_core.predict import MODES
-from munkey_core.views import display_image, evidence_rows, predict_test_sample, training_images
+from munkey_core.model.predict import MODES
+from munkey_core.dashboard.views import display_image, evidence_rows, predict_test_sample, training_images
 from pages._common import IMAGE_TYPES, decoded_uploads, require_run, user_errors
 
 MODE_LABELS = {"ensemble": "Ensemble (default: K forwards, weighted)",

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from munkey_core.views import EvaluationJob, latest_metrics
+from munkey_core.dashboard.views import EvaluationJob, latest_metrics
 from pages._common import collect_finished_job, fmt, require_run
 
 run = require_run()

@@ -73,7 +73,7 @@ class Bench:
 
 def measure(bench: Bench, repeats: int, png: bytes) -> tuple[list[tuple[str, list[float]]], dict[str, float]]:
     """The interactions (name, seconds per repeat), and the long jobs (name -> seconds, timed once)."""
-    from munkey_core.runstore import bank_ids as stored_ids
+    from munkey_core.run.rows import bank_ids as stored_ids
 
     rows: dict[str, list[float]] = {}
     add = lambda name, s: rows.setdefault(name, []).append(s)  # noqa: E731

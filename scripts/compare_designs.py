@@ -32,10 +32,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from munkey_core.metrics import accuracy, pathway_sensitivity  # noqa: E402
-from munkey_core.model import preprocess_images  # noqa: E402
-from munkey_core.oracles import eval_sets, gaps, measure, munkey_scorer, oracle_path  # noqa: E402
-from munkey_core.predict import predict  # noqa: E402
+from munkey_core.eval.metrics import accuracy, pathway_sensitivity  # noqa: E402
+from munkey_core.model.munkey_vit import preprocess_images  # noqa: E402
+from munkey_core.eval.oracles import eval_sets, gaps, measure, munkey_scorer, oracle_path  # noqa: E402
+from munkey_core.model.predict import predict  # noqa: E402
 from munkey_core.service import MunkeyRun, design_name  # noqa: E402
 from munkey_core.unlearn.keydelete import random_ids  # noqa: E402
 

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from munkey_core.runstore import load_bank, load_checkpoint
+from munkey_core.run.rows import load_bank, load_checkpoint
 
 
 def fork(fn: Callable[[], int], env: dict[str, str] | None = None) -> int:

@@ -12,7 +12,7 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.errors import AppTestError
 
-from munkey_core.runstore import load_bank
+from munkey_core.run.rows import load_bank
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TIMEOUT = 60

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from munkey_core.runstore import load_bank
+from munkey_core.run.rows import load_bank
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TOKEN = "class token"

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from _helpers import cli, deleted_byte_patterns, files_holding, fork, forked, reap
-from munkey_core import audit, receipts
-from munkey_core.deletion import CRASH_STEPS
-from munkey_core.runlock import RunLock
+from munkey_core.audit import log as audit
+from munkey_core.audit import receipts
+from munkey_core.forget.request import CRASH_STEPS
+from munkey_core.run.lock import RunLock
 from munkey_core.service import MunkeyRun
-from munkey_core.runstore import load_bank
+from munkey_core.run.rows import load_bank
 
 VICTIMS = [5, 17, 300]
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from _helpers import sqlite_exec
-from munkey_core import audit, receipts
-from munkey_core.canonical import canonical_json
+from munkey_core.audit import log as audit
+from munkey_core.audit import receipts
+from munkey_core.audit.canonical import canonical_json
 from munkey_core.cli import main
-from munkey_core.runstore import load_bank
+from munkey_core.run.rows import load_bank
 
 OP = ("--operator", "Dana Ortiz (DPO)")
 
@@ -253,7 +254,7 @@ def test_damaged_run_or_log_gives_a_clear_message(tiny_run: Path, tmp_path: Path
 
 
 def test_audit_views_are_read_only_and_check_uploaded_receipts(tiny_run: Path) -> None:
-    from munkey_core import auditviews
+    from munkey_core.dashboard import auditviews
     from munkey_core.service import MunkeyRun
 
     run = MunkeyRun(tiny_run, device="cpu")
@@ -280,7 +281,7 @@ def test_a_request_that_fails_after_its_commit_point_is_not_logged_as_refused(ti
     open finishes it."""
     import errno
 
-    from munkey_core import deletion
+    from munkey_core.forget import request as deletion
     from munkey_core.errors import MunkeyError
     from munkey_core.service import MunkeyRun
 

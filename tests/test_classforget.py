@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from munkey_core.classforget import ClassEditor, class_metrics
-from munkey_core.classifier_run import ClassifierRun
+from munkey_core.unlearn.classforget import ClassEditor, class_metrics
+from munkey_core.run.classifier import ClassifierRun
 from munkey_core.cli import main
 from _helpers import file_digests
-from munkey_core.runstore import load_bank
+from munkey_core.run.rows import load_bank
 
 
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:

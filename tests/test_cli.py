@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from munkey_core.cli import main
-from munkey_core.runstore import load_bank, load_checkpoint
+from munkey_core.run.rows import load_bank, load_checkpoint
 
 
 OP = ("--operator", "tester", "--no-evaluate")  # forget needs a named operator; evaluation is tested elsewhere

@@ -1,4 +1,4 @@
-"""Tests for munkey_core.data: each loader on small files in the real layout; real digits, elpv.
+"""Tests for munkey_core.data.datasets: each loader on small files in the real layout; real digits, elpv.
 
 Each test writes the source's real file format into tmp_path (idx, labels.csv + PNGs, npz,
 CIFAR pickles, class folders) and loads it through the public API. No network, no mocks.
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from munkey_core import data
-from munkey_core.data import Dataset, Split, available_datasets, load_dataset
+from munkey_core.data import datasets as data
+from munkey_core.data.datasets import Dataset, Split, available_datasets, load_dataset
 from munkey_core.errors import MunkeyError
 
 FASHION_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",

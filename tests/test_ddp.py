@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from sklearn.datasets import load_digits
 
 from munkey_core.config import PROFILES, with_overrides
-from munkey_core.train import TrainData, train_munkey
+from munkey_core.training.train import TrainData, train_munkey
 
 
 def _data(n: int = 240) -> TrainData:
@@ -35,7 +35,7 @@ def _cfgs():
 def _worker(rank: int, init_file: str, out: str) -> None:
     import torch.distributed as dist
 
-    from munkey_core.distributed import train_distributed
+    from munkey_core.training.distributed import train_distributed
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
@@ -61,7 +61,7 @@ def test_two_processes_match_single_process(tmp_path: Path) -> None:
 
 
 def test_one_process_is_plain_training() -> None:
-    from munkey_core.distributed import train_distributed
+    from munkey_core.training.distributed import train_distributed
 
     model_cfg, cfg = _cfgs()
     cfg = with_overrides(cfg, {"epochs": 1})
@@ -79,7 +79,7 @@ def test_torchrun_writes_a_run(tiny_run_template: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "munkey_core.distributed", "--dataset", "digits", "--out", str(out), "--profile", "tiny",
+           "-m", "munkey_core.training.distributed", "--dataset", "digits", "--out", str(out), "--profile", "tiny",
            "--epochs", "1", "--device", "cpu"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from munkey_core.runstore import load_bank
+from munkey_core.run.rows import load_bank
 
 from _browser import ARGS, CHROMIUM, NO_CHROMIUM, TOKEN, digit_png, idle, streamlit_server
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from munkey_core.runstore import load_bank
+from munkey_core.run.rows import load_bank
 
 from _browser import ARGS, CHROMIUM, NO_CHROMIUM, ROOT, digit_png, idle, streamlit_server
 WIDTH, HEIGHT = 1400, 1000

@@ -1,4 +1,4 @@
-"""munkey_core.embeddings: the two UMAP maps, tested without Streamlit on the tiny digits run.
+"""munkey_core.dashboard.embeddings: the two UMAP maps, tested without Streamlit on the tiny digits run.
 
 UMAP is kept small (150 points, 8 neighbours, 50 epochs); the first fit in the process still pays
 numba's compilation (~10-20 s), shared with tests/test_app_embeddings.py when run together.
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from munkey_core import embeddings as emb
+from munkey_core.dashboard import embeddings as emb
 from munkey_core.errors import MunkeyError
 from munkey_core.service import MunkeyRun
-from munkey_core.views import ids_from_bytes
+from munkey_core.dashboard.views import ids_from_bytes
 
 PARAMS = emb.MapParams(max_points=150, seed=3, n_neighbors=8, n_epochs=50)
 N_DELETED = 20

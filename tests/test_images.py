@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from munkey_core.errors import MunkeyError
-from munkey_core.images import as_hwc, decode_image, match_channels, resize_to
+from munkey_core.data.images import as_hwc, decode_image, match_channels, resize_to
 
 
 def _encode(arr: np.ndarray, fmt: str) -> bytes:

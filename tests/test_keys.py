@@ -1,4 +1,4 @@
-"""Key encoders and the key cache (munkey_core.keys): real offline weights, no network, no mocks of the model."""
+"""Key encoders and the key cache (munkey_core.keys.encoders): real offline weights, no network, no mocks of the model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from munkey_core import keys as K
+from munkey_core.keys import encoders as K
 from munkey_core.errors import MunkeyError
 
 OFFLINE = ["efficientnet_lite0", "efficientnet_lite2", "mobilenet_v2"]

@@ -16,10 +16,10 @@ import torch
 from munkey_core.cli import main
 from munkey_core.config import PROFILES, ModelConfig, with_overrides
 from munkey_core.errors import MunkeyError
-from munkey_core.model import MunkeyViT, preprocess_images
-from munkey_core.predict import predict
+from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
+from munkey_core.model.predict import predict
 from munkey_core.service import MunkeyRun
-from munkey_core.train import TrainData, train_munkey
+from munkey_core.training.train import TrainData, train_munkey
 
 TINY = PROFILES["tiny"]  # depth 2: inject_at 1 is the only late design
 
@@ -115,7 +115,7 @@ def test_pathway_ablations_of_a_late_model_equal_plain_forwards(late_run: Path) 
 
 
 def test_the_m_oracle_of_a_late_run_is_late(late_run: Path) -> None:
-    from munkey_core.oracles import train_oracle
+    from munkey_core.eval.oracles import train_oracle
 
     run = MunkeyRun(late_run, device="cpu")
     ids = run.bank.ids[:30].tolist()
@@ -146,7 +146,7 @@ def test_bad_inject_at_is_a_clear_user_error(tmp_path: Path, capsys: pytest.Capt
 def test_distributed_launcher_honours_inject_at(late_run: Path, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture) -> None:
     """One process (no torchrun): the launcher writes a late run; keys come from the session's cache."""
-    from munkey_core.distributed import main as ddp_main
+    from munkey_core.training.distributed import main as ddp_main
 
     out = tmp_path / "ddp"
     assert ddp_main(["--dataset", "digits", "--profile", "tiny", "--epochs", "1", "--device", "cpu",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.memory import MemoryBank
+from munkey_core.bank.memory import MemoryBank
 
 
 def _bank(n: int = 50, dk: int = 12, dv: int = 6, seed: int = 0, moments: bool = False) -> MemoryBank:

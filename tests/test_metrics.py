@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from munkey_core.metrics import accuracy, auc, avg_gap, cross_entropy, mia_auc, pathway_sensitivity
+from munkey_core.eval.metrics import accuracy, auc, avg_gap, cross_entropy, mia_auc, pathway_sensitivity
 
 
 def test_accuracy_and_empty_set() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from munkey_core.errors import MunkeyError
-from munkey_core.mia import (ReferenceModels, StrongAttack, cheap_mia, classifier_probs, half_splits, rmia_auc,
+from munkey_core.eval.mia import (ReferenceModels, StrongAttack, cheap_mia, classifier_probs, half_splits, rmia_auc,
                              rmia_scores)
 
 
@@ -58,8 +58,8 @@ def test_half_splits_are_complementary_and_seeded() -> None:
 def digits_models():
     """On 300 random training images of digits: 2 references on complementary halves, a memorising target on
     another random half, and a target of the same recipe trained on the other half (never saw it)."""
-    from munkey_core import data as data_mod
-    from munkey_core.classifier_run import classifier_recipe, train_classifier
+    from munkey_core.data import datasets as data_mod
+    from munkey_core.run.classifier import classifier_recipe, train_classifier
 
     ds = data_mod.load_dataset("digits", seed=0)
     pool = ds.train.subset(np.sort(np.random.default_rng(0).choice(len(ds.train), 300, replace=False)))

@@ -8,9 +8,9 @@ import torch
 
 from munkey_core.config import ModelConfig
 from munkey_core.errors import MunkeyError
-from munkey_core.memory import MemoryBank
-from munkey_core.model import MunkeyViT, preprocess_images
-from munkey_core.predict import neighbour_weights, predict
+from munkey_core.bank.memory import MemoryBank
+from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
+from munkey_core.model.predict import neighbour_weights, predict
 
 CFG = ModelConfig(img_size=16, patch_size=4, in_chans=1, num_classes=3, embed_dim=32, depth=2, num_heads=2,
                   exemplar_dim=8)

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from munkey_core import data as data_mod
+from munkey_core.data import datasets as data_mod
 from munkey_core.cli import main
 from munkey_core.errors import MunkeyError
-from munkey_core.oracles import eval_sets, forget_tag, gaps, oracle_path
-from munkey_core.runstore import bank_ids
+from munkey_core.eval.oracles import eval_sets, forget_tag, gaps, oracle_path
+from munkey_core.run.rows import bank_ids
 
 
 def test_forget_tag_names_the_set_not_its_order() -> None:

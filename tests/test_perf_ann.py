@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from munkey_core.ann import IVFIndex, spherical_kmeans
-from munkey_core.bankstore import BankStore
+from munkey_core.bank.ann import IVFIndex, spherical_kmeans
+from munkey_core.bank.store import BankStore
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

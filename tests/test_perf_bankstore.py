@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from munkey_core.bankstore import BankStore
+from munkey_core.bank.store import BankStore
 from munkey_core.errors import MunkeyError
-from munkey_core.memory import MemoryBank
+from munkey_core.bank.memory import MemoryBank
 
 
 def _arrays(n: int = 300, dk: int = 48, dv: int = 8, seed: int = 0) -> dict:
@@ -65,7 +65,7 @@ def test_store_matches_memory_bank_through_random_deletions(tmp_path: Path) -> N
 
 
 def test_search_exclude_and_chunking_match_memory_bank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import munkey_core.bankstore as bs
+    import munkey_core.bank.store as bs
 
     monkeypatch.setattr(bs, "_SEARCH_ROWS", 37)  # many chunks, ragged last one
     bank, store, a = _pair(tmp_path, n=200)
@@ -113,7 +113,7 @@ def test_crash_after_redo_is_completed_on_open(tmp_path: Path, monkeypatch: pyte
                 raise KeyboardInterrupt("simulated crash")
         return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr("munkey_core.bankstore.os.pwrite", dying_pwrite)
+    monkeypatch.setattr("munkey_core.bank.store.os.pwrite", dying_pwrite)
     with pytest.raises(KeyboardInterrupt):
         store.delete(victims)
     monkeypatch.undo()

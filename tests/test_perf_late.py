@@ -7,8 +7,8 @@ import torch
 
 from munkey_core.config import PROFILES
 from munkey_core.errors import MunkeyError
-from munkey_core.late import LateInjectionViT
-from munkey_core.model import MunkeyViT
+from munkey_core.model.late import LateInjectionViT
+from munkey_core.model.munkey_vit import MunkeyViT
 
 
 def _pairs_forward(model: MunkeyViT, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from _helpers import cli, forked
-from munkey_core import audit, receipts
+from munkey_core.audit import log as audit
+from munkey_core.audit import receipts
 from munkey_core.cli import main
-from munkey_core.runstore import load_bank
+from munkey_core.run.rows import load_bank
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'munkey-core[postgres]')")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from _helpers import deleted_byte_patterns, files_holding
 from munkey_core.cli import main
-from munkey_core.runstore import load_bank
+from munkey_core.run.rows import load_bank
 
 
 def test_deleted_vectors_occur_in_no_file_of_the_run(tiny_run: Path, capsys) -> None:

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from _helpers import deleted_byte_patterns, files_holding, forked
-from munkey_core import audit
-from munkey_core.bankstore import BankStore
-from munkey_core.runstore import (BANK_STORE, LEGACY_BANK, MIGRATION_CRASH_STEPS, STORE_FORMAT, checkpoint_ids_present,
+from munkey_core.audit import log as audit
+from munkey_core.bank.store import BankStore
+from munkey_core.run.rows import (BANK_STORE, LEGACY_BANK, MIGRATION_CRASH_STEPS, STORE_FORMAT, checkpoint_ids_present,
                                   checkpoints, load_bank, load_checkpoint, purge_checkpoint_rows, rows_path,
                                   write_checkpoint)
 from munkey_core.service import MunkeyRun
@@ -178,7 +178,7 @@ def test_a_migration_that_fails_on_disk_is_a_clear_error_and_leaves_format1(tiny
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    from munkey_core import runstore
+    from munkey_core.run import rows as runstore
     from munkey_core.errors import MunkeyError
 
     want = _snapshot(tiny_run)

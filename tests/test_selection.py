@@ -12,8 +12,8 @@ import torch
 
 from munkey_core.cli import main
 from munkey_core.errors import MunkeyError
-from munkey_core.metrics import accuracy
-from munkey_core.selection import checkpoint_files, checkpoint_state, select_checkpoint, write_selected
+from munkey_core.eval.metrics import accuracy
+from munkey_core.eval.selection import checkpoint_files, checkpoint_state, select_checkpoint, write_selected
 from munkey_core.service import MunkeyRun
 from _helpers import file_digests
 

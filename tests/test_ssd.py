@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from munkey_core.classforget import ClassEditor
+from munkey_core.unlearn.classforget import ClassEditor
 from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.ssd import cached_importance, dampen, importance
 

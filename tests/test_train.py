@@ -8,9 +8,9 @@ import torch
 from sklearn.datasets import load_digits
 
 from munkey_core.config import ModelConfig, TrainConfig
-from munkey_core.memory import MemoryBank
-from munkey_core.runstore import load_checkpoint
-from munkey_core.train import TrainData, _sample_tokens, cosine_schedule, neighbour_table, train_munkey
+from munkey_core.bank.memory import MemoryBank
+from munkey_core.run.rows import load_checkpoint
+from munkey_core.training.train import TrainData, _sample_tokens, cosine_schedule, neighbour_table, train_munkey
 
 MODEL = ModelConfig(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=2,
                     exemplar_dim=16)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from munkey_core.classforget import ClassEditor
+from munkey_core.unlearn.classforget import ClassEditor
 from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.unact import UnActConfig, ViTScope, scope_for, select_units, unact
 
@@ -186,7 +186,7 @@ def test_unact_uses_forward_passes_only_and_reads_nothing_else(resnet_editor: Cl
     monkeypatch.setattr(builtins, "open", forbidden)
     monkeypatch.setattr(np, "load", forbidden)
     monkeypatch.setattr(torch, "load", forbidden)
-    monkeypatch.setattr("munkey_core.data.load_dataset", forbidden)
+    monkeypatch.setattr("munkey_core.data.datasets.load_dataset", forbidden)
     for model, x in jobs:
         flags = {n: p.requires_grad for n, p in model.named_parameters()}
         res = unact(scope_for(model), x, UnActConfig(p=90, gamma=0.1, k=3))

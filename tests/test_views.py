@@ -1,4 +1,4 @@
-"""munkey_core.views: what the dashboard shows, tested without Streamlit on the tiny digits run."""
+"""munkey_core.dashboard.views: what the dashboard shows, tested without Streamlit on the tiny digits run."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from munkey_core import views
+from munkey_core.dashboard import views
 from munkey_core.errors import MunkeyError
 from munkey_core.service import MunkeyRun
-from munkey_core.runstore import load_bank
+from munkey_core.run.rows import load_bank
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_retrieval_check_reads_the_bank_file_between_deletions(shared_run: Munke
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The bank file changes in place during a deletion: the check waits for the run lock (here it
     times out while another process, played by a second lock handle, holds it exclusively)."""
-    from munkey_core.runlock import RunLock
+    from munkey_core.run.lock import RunLock
 
     monkeypatch.setenv("MUNKEY_LOCK_TIMEOUT", "0.2")
     with RunLock(shared_run.paths.root).hold(exclusive=True):

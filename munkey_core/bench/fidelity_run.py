@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from munkey_core.bench.unact_run import _mean_sd
 from munkey_core.errors import MunkeyError
-from munkey_core.storage import atomic_write_json, read_json
+from munkey_core.run.atomic import atomic_write_json, read_json
 
 COLUMNS = ("rate", "seed", "method", "oracle", "TA", "RA", "FA", "MIA", "AvgGap", "seconds", "MIA_attack", "epoch")
 SELECTED = "MUNKEY (selected checkpoint)"
@@ -38,7 +38,7 @@ def _floats(text: str) -> list[float]:
 def _row(rate: float, seed: int, method: str, oracle_name: str, metrics: dict, oracle: dict,
          seconds: float | None, **extra) -> dict:
     """One table row: the model's TA/RA/FA/MIA, its Avg Gap to `oracle`, the forgetting seconds."""
-    from munkey_core.oracles import gaps
+    from munkey_core.eval.oracles import gaps
 
     return {"rate": rate, "seed": seed, "method": method, "oracle": oracle_name,
             **{m: metrics[m] for m in ("TA", "RA", "FA", "MIA")}, "AvgGap": gaps(metrics, oracle)["AvgGap"],
@@ -56,7 +56,7 @@ def _timed_key_deletion(bank, ids: list[int]) -> float:
 @contextmanager
 def _own_sqlite_log() -> Iterator[None]:
     """Within: a run without a log gets its own SQLite log, whatever $MUNKEY_AUDIT_URL says."""
-    from munkey_core.audit import URL_ENV
+    from munkey_core.audit.log import URL_ENV
 
     saved = os.environ.pop(URL_ENV, None)
     try:
@@ -123,8 +123,8 @@ class FidelityBench:
     def _originals(self, seed: int):
         """(MUNKEY run, ViT classifier run or None when no post-hoc method is asked for) of this seed,
         trained when missing."""
-        from munkey_core import keys
-        from munkey_core.classifier_run import ClassifierRun, train_classifier_run
+        from munkey_core.keys import encoders as keys
+        from munkey_core.run.classifier import ClassifierRun, train_classifier_run
         from munkey_core.service import MunkeyRun, train_run
 
         a, root = self.args, self.work / f"seed_{seed}"
@@ -145,7 +145,7 @@ class FidelityBench:
         return mrun, ClassifierRun(root / "vit", device=a.device)
 
     def _oracle(self, run_config: dict, run_root: Path, ids: list[int], kind: str) -> Path:
-        from munkey_core.oracles import train_oracle
+        from munkey_core.eval.oracles import train_oracle
 
         path, trained = train_oracle(run_config, run_root, ids, kind, device=self.args.device, progress=True)
         self.trained += int(trained)
@@ -154,8 +154,8 @@ class FidelityBench:
     def _strong(self, seed: int, vit, ds, sets):
         """The strong attack of this seed: reference ViTs of the plain ViT's recipe (`vit` None: the
         recipe it would have), cached in --work/seed_<seed>/refs."""
-        from munkey_core.mia import StrongAttack, train_reference_models
-        from munkey_core.oracles import recipe_overrides
+        from munkey_core.eval.mia import StrongAttack, train_reference_models
+        from munkey_core.eval.oracles import recipe_overrides
 
         a = self.args
         recipe = self._overrides(seed) if vit is None else recipe_overrides(vit.config)
@@ -209,7 +209,7 @@ class FidelityBench:
 
     def _selection(self, mrun, seed: int) -> dict:
         """This seed's checkpoint selection (cached in seed_k/selection.json)."""
-        from munkey_core.selection import select_checkpoint
+        from munkey_core.eval.selection import select_checkpoint
 
         a = self.args
         path = self.work / f"seed_{seed}" / "selection.json"
@@ -226,8 +226,8 @@ class FidelityBench:
         """MUNKEY's key deletion on the checkpoint `munkey select` picks (lowest Avg Gap on a validation
         forget split among Ps <= max_ps), against the same M-oracle measurement (the cell's own row) and
         the same samples as the final model."""
-        from munkey_core.oracles import eval_sets, measure, munkey_scorer
-        from munkey_core.selection import checkpoint_state
+        from munkey_core.eval.oracles import eval_sets, measure, munkey_scorer
+        from munkey_core.eval.selection import checkpoint_state
         from munkey_core.unlearn.keydelete import random_ids
 
         a = self.args
@@ -257,8 +257,8 @@ class FidelityBench:
 
     def _base_cell(self, rate: float, seed: int) -> list[dict]:
         """Rows of one (rate, seed): oracles, MUNKEY key deletion, the ViT and its post-hoc methods."""
-        from munkey_core.classifier_run import ClassifierRun
-        from munkey_core.oracles import classifier_scorer, eval_sets, measure, munkey_scorer
+        from munkey_core.run.classifier import ClassifierRun
+        from munkey_core.eval.oracles import classifier_scorer, eval_sets, measure, munkey_scorer
         from munkey_core.service import MunkeyRun
         from munkey_core.unlearn.keydelete import random_ids
         from munkey_core.unlearn.posthoc import run_posthoc

@@ -48,7 +48,7 @@ def _weights() -> dict:
     import torch
 
     from munkey_core.config import resolve_profile
-    from munkey_core.model import MunkeyViT
+    from munkey_core.model.munkey_vit import MunkeyViT
 
     torch.manual_seed(0)
     return MunkeyViT(resolve_profile("cpu").model).state_dict()
@@ -71,7 +71,7 @@ def _written() -> int:
 
 
 def _base(root: Path) -> None:
-    from munkey_core.storage import atomic_write_json
+    from munkey_core.run.atomic import atomic_write_json
 
     (root / "checkpoints").mkdir(parents=True, exist_ok=True)
     atomic_write_json(root / "forgotten.json", {"ids": [], "requests": []})
@@ -79,8 +79,8 @@ def _base(root: Path) -> None:
 
 def build_format2(root: Path, n: int, seed: int, checkpoints: int, weights: dict) -> None:
     """A format-2 run directory's row files, written in chunks (bounded memory)."""
-    from munkey_core.bankstore import BankStore
-    from munkey_core.storage import atomic_torch_save
+    from munkey_core.bank.store import BankStore
+    from munkey_core.run.atomic import atomic_torch_save
 
     _base(root)
     bank = BankStore.create(root / "bank.store", capacity=n, key_dim=KEY_DIM, value_dim=VALUE_DIM,
@@ -102,8 +102,8 @@ def build_format1(root: Path, n: int, seed: int, checkpoints: int, weights: dict
     """A format-1 run directory (bank.npz, rows inside each checkpoint); returns its bank in memory."""
     import torch
 
-    from munkey_core.memory import MemoryBank
-    from munkey_core.storage import atomic_torch_save
+    from munkey_core.bank.memory import MemoryBank
+    from munkey_core.run.atomic import atomic_torch_save
 
     _base(root)
     parts = list(_chunks(n, seed))
@@ -123,7 +123,7 @@ def build_format1(root: Path, n: int, seed: int, checkpoints: int, weights: dict
 
 def _requests(run: _Run, requests: list[list[int]]) -> tuple[list[float], list[int]]:
     """Time `apply_journal` per request; (seconds, bytes written) per request."""
-    from munkey_core.deletion import apply_journal
+    from munkey_core.forget.request import apply_journal
 
     secs, written = [], []
     for k, ids in enumerate(requests):
@@ -137,7 +137,7 @@ def _requests(run: _Run, requests: list[list[int]]) -> tuple[list[float], list[i
 
 
 def _purged(root: Path, ids: list[int]) -> bool:
-    from munkey_core.runstore import bank_ids, checkpoint_ids_present
+    from munkey_core.run.rows import bank_ids, checkpoint_ids_present
 
     return not (set(ids) & set(bank_ids(root).tolist())) and not checkpoint_ids_present(root / "checkpoints", ids)[0]
 
@@ -149,8 +149,8 @@ def _dir_bytes(root: Path) -> int:
 def bench_forget(sizes: list[int], quick: bool, seed: int, workdir: Path, *, checkpoints: int = 10,
                  legacy_max: int = 100_000) -> list[str]:
     """One table: per bank size, a 1-id and a 1,000-id request in each format (see module docstring)."""
-    from munkey_core.rundir import RunPaths
-    from munkey_core.runstore import delete_bank_rows
+    from munkey_core.run.paths import RunPaths
+    from munkey_core.run.rows import delete_bank_rows
 
     weights = _weights()
     weight_mib = sum(t.numel() * t.element_size() for t in weights.values()) / 2**20

@@ -90,7 +90,7 @@ def _chunks(n: int, seed: int, start_id: int = 0):
 def _build_store(path: Path, n: int, seed: int, dtype: str = "float32"):
     import numpy as np
 
-    from munkey_core.bankstore import BankStore
+    from munkey_core.bank.store import BankStore
 
     store = BankStore.create(path, capacity=n, key_dim=KEY_DIM, value_dim=VALUE_DIM,
                              moment_names=["exp_avg", "exp_avg_sq"], dtype=dtype)
@@ -107,8 +107,8 @@ def bench_deletion(sizes: list[int], quick: bool, seed: int, workdir: Path) -> l
     import numpy as np
     import torch
 
-    from munkey_core.ann import IVFIndex
-    from munkey_core.memory import MemoryBank
+    from munkey_core.bank.ann import IVFIndex
+    from munkey_core.bank.memory import MemoryBank
 
     faiss.omp_set_num_threads(1)
     rng = np.random.default_rng(seed + 7)
@@ -254,8 +254,8 @@ def bench_inference(quick: bool, seed: int) -> list[str]:
     import torch
 
     from munkey_core.config import PROFILES
-    from munkey_core.late import LateInjectionViT
-    from munkey_core.model import MunkeyViT
+    from munkey_core.model.late import LateInjectionViT
+    from munkey_core.model.munkey_vit import MunkeyViT
 
     torch.manual_seed(seed)
     cfg = PROFILES["cpu"].model
@@ -298,7 +298,7 @@ def _train_data(n: int, seed: int):
     import numpy as np
     from sklearn.datasets import load_digits
 
-    from munkey_core.train import TrainData
+    from munkey_core.training.train import TrainData
 
     d = load_digits()
     reps = -(-n // len(d.images))
@@ -317,8 +317,8 @@ def _plain_epochs(model_cfg, cfg, data) -> list[float]:
     import torch
     import torch.nn.functional as F
 
-    from munkey_core.model import preprocess_images
-    from munkey_core.train import cosine_schedule, random_shift
+    from munkey_core.model.munkey_vit import preprocess_images
+    from munkey_core.training.train import cosine_schedule, random_shift
 
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -348,8 +348,8 @@ def _plain_epochs(model_cfg, cfg, data) -> list[float]:
 
 def bench_training(quick: bool, seed: int) -> list[str]:
     from munkey_core.config import PROFILES, with_overrides
-    from munkey_core.train import neighbour_table, train_munkey
-    from munkey_core.memory import MemoryBank
+    from munkey_core.training.train import neighbour_table, train_munkey
+    from munkey_core.bank.memory import MemoryBank
 
     n = 2000 if quick else 4000
     model_cfg = PROFILES["cpu"].model
@@ -385,7 +385,7 @@ def _child_train_rss(n: int) -> float:
     import torch
 
     from munkey_core.config import PROFILES, with_overrides
-    from munkey_core.train import train_munkey
+    from munkey_core.training.train import train_munkey
 
     torch.set_num_threads(1)
     cfg = with_overrides(PROFILES["cpu"].train, {"epochs": 1})
@@ -397,8 +397,8 @@ def _child_serve_rss(n: int, workdir: str) -> float:
     import torch
 
     from munkey_core.config import PROFILES
-    from munkey_core.model import MunkeyViT, preprocess_images
-    from munkey_core.predict import predict
+    from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
+    from munkey_core.model.predict import predict
 
     torch.set_num_threads(1)
     data = _train_data(n, 0)
@@ -416,7 +416,7 @@ def bench_memory(workdir: Path) -> list[str]:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    from munkey_core.bankstore import BankStore
+    from munkey_core.bank.store import BankStore
 
     rows = []
     for dtype in ("float32", "float16"):

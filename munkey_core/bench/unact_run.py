@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from munkey_core.classforget import ClassEditor, ClassRequest
+from munkey_core.unlearn.classforget import ClassEditor, ClassRequest
 from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.unact import UnActConfig
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from munkey_core.classifiers import param_groups
+from munkey_core.model.classifiers import param_groups
 
 Labelled = tuple[np.ndarray, np.ndarray]  # images (N, H, W, C) uint8, labels (N,)
 ToInput = Callable[[np.ndarray], torch.Tensor]

@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from munkey_core.errors import MunkeyError
-from munkey_core.runstore import purge_checkpoint_rows
+from munkey_core.run.rows import purge_checkpoint_rows
 
 _HEADER_NAMES = {"id", "ids", "sample_id", "sample"}
 

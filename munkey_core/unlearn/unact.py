@@ -109,7 +109,7 @@ def select_units(scores: np.ndarray, p: float) -> np.ndarray:
 
 
 class ResNetScope:
-    """The last residual block's output channels of a CIFAR-stem ResNet (munkey_core.classifiers.ResNet18).
+    """The last residual block's output channels of a CIFAR-stem ResNet (munkey_core.model.classifiers.ResNet18).
 
     `score="activation"` (the paper's rule): the channel's mean pooled post-ReLU activation.
     `score="attribution"` (our option, the ViT rule carried over): that activation times the channel's
@@ -279,8 +279,8 @@ def scope_for(model: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor] 
     """The UnAct scope of a ResNet-18, a plain timm ViT or a MUNKEY ViT (image pathway)."""
     from timm.models.vision_transformer import VisionTransformer
 
-    from munkey_core.classifiers import ResNet18
-    from munkey_core.model import MunkeyViT
+    from munkey_core.model.classifiers import ResNet18
+    from munkey_core.model.munkey_vit import MunkeyViT
 
     if isinstance(model, ResNet18):
         return ResNetScope(model, score)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from munkey_core.config import ModelConfig
-from munkey_core.model import MunkeyViT
+from munkey_core.model.munkey_vit import MunkeyViT
 
 
 class LateInjectionViT(MunkeyViT):

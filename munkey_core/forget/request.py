@@ -29,16 +29,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from munkey_core import __version__
-from munkey_core import receipts
-from munkey_core.audit import BINDING_NAME, PENDING_NAME, AuditLog, now_utc, open_log
-from munkey_core.canonical import plain
+from munkey_core.audit import receipts
+from munkey_core.audit.log import BINDING_NAME, PENDING_NAME, AuditLog, now_utc, open_log
+from munkey_core.audit.canonical import plain
 from munkey_core.errors import MunkeyError
-from munkey_core.evidence import (ORACLE_NOTE, own_keys, request_accuracy_and_mia,
+from munkey_core.forget.evidence import (ORACLE_NOTE, own_keys, request_accuracy_and_mia,
                                   retrieval_evidence, sample_fingerprints)
-from munkey_core.metrics import MIA_CHEAP
-from munkey_core.rundir import read_forgotten
-from munkey_core.runlock import RunLock, crash_point
-from munkey_core.storage import atomic_write_json, fsync_dir, read_json
+from munkey_core.eval.metrics import MIA_CHEAP
+from munkey_core.run.paths import read_forgotten
+from munkey_core.run.lock import RunLock, crash_point
+from munkey_core.run.atomic import atomic_write_json, fsync_dir, read_json
 from munkey_core.unlearn.keydelete import purge_checkpoints
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from typing import Callable
 import numpy as np
 
 from munkey_core.errors import MunkeyError
-from munkey_core.metrics import MIA_CHEAP, cross_entropy, mia_auc
-from munkey_core.storage import atomic_write_json, read_json
+from munkey_core.eval.metrics import MIA_CHEAP, cross_entropy, mia_auc
+from munkey_core.run.atomic import atomic_write_json, read_json
 
 MIA_STRONG = "RMIA-style likelihood ratio vs reference out-models, class-balanced AUC (strong; forget vs test)"
 ATTACKS = {"cheap": MIA_CHEAP, "strong": MIA_STRONG}
@@ -80,7 +80,7 @@ def rmia_auc(forget_p: np.ndarray, forget_ref_p: np.ndarray, forget_ref_member: 
 
 def classifier_probs(model, images: np.ndarray, img_size: int) -> np.ndarray:
     """Softmax probabilities (N, C) of a plain classifier on uint8 images (N, H, W, C)."""
-    from munkey_core.classifier_run import logits_of
+    from munkey_core.run.classifier import logits_of
 
     logits = logits_of(model, images, img_size).astype(np.float64)
     e = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -125,8 +125,8 @@ def train_reference_models(dataset: str, folder: Path, *, n_refs: int, seed: int
 
     `overrides` is the target's recipe, its seed included: the seed also fixes the carved data splits,
     so the references must keep it (they differ from each other by their data)."""
-    from munkey_core import data as data_mod
-    from munkey_core.classifier_run import ClassifierRun, train_classifier_run
+    from munkey_core.data import datasets as data_mod
+    from munkey_core.run.classifier import ClassifierRun, train_classifier_run
     from munkey_core.config import resolve_profile, with_overrides
 
     folder = Path(folder)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from munkey_core.bankstore import BankStore, _as_tensor
+from munkey_core.bank.store import BankStore, _as_tensor
 from munkey_core.errors import MunkeyError
 
 

@@ -2,7 +2,7 @@
 
 Launch (writes the same run directory as `munkey train`):
 
-    torchrun --nproc_per_node 2 -m munkey_core.distributed --dataset digits --out runs/ddp --profile cpu
+    torchrun --nproc_per_node 2 -m munkey_core.training.distributed --dataset digits --out runs/ddp --profile cpu
 
 Design: data parallel over each global batch, with results equal to single-process training.
 - Every rank draws the *global* batch, its augmentation and its pathway/retrieval masks from the
@@ -35,9 +35,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from munkey_core.config import ModelConfig, TrainConfig
-from munkey_core.memory import MemoryBank
-from munkey_core.model import MunkeyViT, preprocess_images
-from munkey_core.train import (TrainData, TrainResult, _sample_tokens, cosine_schedule, neighbour_table,
+from munkey_core.bank.memory import MemoryBank
+from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
+from munkey_core.training.train import (TrainData, TrainResult, _sample_tokens, cosine_schedule, neighbour_table,
                                random_shift, save_checkpoint, validation_accuracy)
 
 
@@ -126,14 +126,14 @@ def _device(name: str) -> torch.device:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `torchrun ... -m munkey_core.distributed`: train and (rank 0) write a run."""
-    from munkey_core import data as data_mod
-    from munkey_core import keys as keys_mod
+    """Entry point for `torchrun ... -m munkey_core.training.distributed`: train and (rank 0) write a run."""
+    from munkey_core.data import datasets as data_mod
+    from munkey_core.keys import encoders as keys_mod
     from munkey_core.config import resolve_profile, with_overrides
     from munkey_core.errors import MunkeyError
     from munkey_core.service import write_run
 
-    p = argparse.ArgumentParser(prog="torchrun ... -m munkey_core.distributed", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="torchrun ... -m munkey_core.training.distributed", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="digits")
     p.add_argument("--out", required=True)
     p.add_argument("--profile", default="auto")

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from munkey_core.classforget import ClassEditor, ClassRequest, _stratified_cap, class_metrics
+from munkey_core.unlearn.classforget import ClassEditor, ClassRequest, _stratified_cap, class_metrics
 from munkey_core.errors import MunkeyError
-from munkey_core.jobs import BackgroundJob
-from munkey_core.memory import MemoryBank
+from munkey_core.dashboard.jobs import BackgroundJob
+from munkey_core.bank.memory import MemoryBank
 from munkey_core.unlearn.unact import RoundInfo, UnActConfig
 
 PROBE = 400

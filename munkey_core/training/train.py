@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from munkey_core.config import ModelConfig, TrainConfig
-from munkey_core.memory import MemoryBank
-from munkey_core.model import MunkeyViT, preprocess_images
-from munkey_core.predict import predict
-from munkey_core.runstore import checkpoints, remove_checkpoint, write_checkpoint
-from munkey_core.torchfix import odd_batch_guard
+from munkey_core.bank.memory import MemoryBank
+from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
+from munkey_core.model.predict import predict
+from munkey_core.run.rows import checkpoints, remove_checkpoint, write_checkpoint
+from munkey_core.training.torchfix import odd_batch_guard
 
 EpochCallback = Callable[[dict], None]
 _VAL_CAP = 1000  # validation samples scored per epoch (enough to follow the curve)

@@ -25,13 +25,13 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from munkey_core.classifier_run import ClassifierRun, run_kind, train_classifier_run
+from munkey_core.run.classifier import ClassifierRun, run_kind, train_classifier_run
 from munkey_core.errors import MunkeyError
-from munkey_core.evidence import model_fingerprint
-from munkey_core.memory import MemoryBank
-from munkey_core import runstore
-from munkey_core.predict import predict
-from munkey_core.storage import atomic_torch_save, atomic_write_json, read_json
+from munkey_core.forget.evidence import model_fingerprint
+from munkey_core.bank.memory import MemoryBank
+from munkey_core.run import rows as runstore
+from munkey_core.model.predict import predict
+from munkey_core.run.atomic import atomic_torch_save, atomic_write_json, read_json
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, ssd_forget
 from munkey_core.unlearn.unact import DEFAULTS, RoundInfo, UnActConfig, munkey_image_forward, scope_for, unact
 
@@ -150,7 +150,7 @@ class ClassEditor:
         return self.run.prepare_images(images)
 
     def to_input(self, images_u8: np.ndarray) -> torch.Tensor:
-        from munkey_core.model import preprocess_images
+        from munkey_core.model.munkey_vit import preprocess_images
 
         img_size = self.run.cfg.img_size if self.kind == "classifier" else self.run.model_cfg.img_size
         x = torch.from_numpy(np.ascontiguousarray(images_u8)).to(self.device)
@@ -169,7 +169,7 @@ class ClassEditor:
         index = self.test_index if index is None else index
         images = self.dataset.test.images[index]
         if self.kind == "classifier":
-            from munkey_core.classifier_run import predict_labels
+            from munkey_core.run.classifier import predict_labels
 
             return predict_labels(model, images, self.run.cfg.img_size)
         bank = self.run.bank if bank is None else bank

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.metrics import GAP_KEYS, MIA_CHEAP, accuracy, avg_gap
-from munkey_core.mia import MIA_STRONG, StrongAttack, cheap_mia
-from munkey_core.storage import atomic_write_json, read_json
+from munkey_core.eval.metrics import GAP_KEYS, MIA_CHEAP, accuracy, avg_gap
+from munkey_core.eval.mia import MIA_STRONG, StrongAttack, cheap_mia
+from munkey_core.run.atomic import atomic_write_json, read_json
 
 ORACLE_DIR = "oracles"
 KINDS = ("munkey", "vit")
@@ -72,7 +72,7 @@ def train_oracle(config: dict, run_root: str | Path, forget_ids: Sequence[int], 
                   data_root=config.get("data_root"), device=device, overrides=over, progress=progress,
                   exclude_ids=ids, keep_checkpoints=1)
     else:
-        from munkey_core.classifier_run import train_classifier_run
+        from munkey_core.run.classifier import train_classifier_run
 
         train_classifier_run(config["dataset"], path, arch="vit", profile=config["profile"],
                              data_root=config.get("data_root"), device=device, overrides=over, progress=progress,
@@ -108,8 +108,8 @@ def eval_sets(ds, forget_ids: Sequence[int], *, max_samples: int = 2000, seed: i
 
 def munkey_scorer(model, bank, ds, split_keys: Callable[[str], np.ndarray], k: int, tau: float) -> Scorer:
     """Ensemble probabilities of a MUNKEY model with `bank` (retrieval in that bank)."""
-    from munkey_core.model import preprocess_images
-    from munkey_core.predict import predict
+    from munkey_core.model.munkey_vit import preprocess_images
+    from munkey_core.model.predict import predict
 
     device = next(model.parameters()).device
 
@@ -123,7 +123,7 @@ def munkey_scorer(model, bank, ds, split_keys: Callable[[str], np.ndarray], k: i
 
 def classifier_scorer(model, ds, img_size: int) -> Scorer:
     """Softmax probabilities of a plain classifier (ResNet-18 / ViT)."""
-    from munkey_core.mia import classifier_probs
+    from munkey_core.eval.mia import classifier_probs
 
     return lambda split, index: classifier_probs(model, ds.split(split).images[index], img_size)
 

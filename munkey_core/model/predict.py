@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.memory import MemoryBank
-from munkey_core.model import MunkeyViT
+from munkey_core.bank.memory import MemoryBank
+from munkey_core.model.munkey_vit import MunkeyViT
 
 Mode = Literal["ensemble", "softmax_fusion", "rank_fusion"]
 Pathway = Literal["both", "image", "token"]

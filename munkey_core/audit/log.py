@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from munkey_core.auditstore import SQLITE_NAME, PostgresStore, Row, SqliteStore, Store, describe_postgres
-from munkey_core.canonical import canonical_bytes, canonical_json, sha256_hex
+from munkey_core.audit.backends import SQLITE_NAME, PostgresStore, Row, SqliteStore, Store, describe_postgres
+from munkey_core.audit.canonical import canonical_bytes, canonical_json, sha256_hex
 from munkey_core.errors import MunkeyError
-from munkey_core.runlock import crash_point
-from munkey_core.runstore import bank_ids
-from munkey_core.storage import atomic_write_json, fsync_dir, read_json
+from munkey_core.run.lock import crash_point
+from munkey_core.run.rows import bank_ids
+from munkey_core.run.atomic import atomic_write_json, fsync_dir, read_json
 
 LOG_FORMAT = "munkey-audit/1"
 GENESIS = "0" * 64
@@ -368,7 +368,7 @@ def verify_run(root: str | Path, url: str | None = None) -> Verification:
     """Verify the run's chain and anchor, then that the run agrees with it: every id the log says was
     deleted is gone from the bank and listed in forgotten.json, and every id in forgotten.json has
     its log entry (ids of a deletion still in progress excepted)."""
-    from munkey_core.rundir import read_forgotten, RunPaths
+    from munkey_core.run.paths import read_forgotten, RunPaths
 
     root = Path(root)
     if not root.is_dir():

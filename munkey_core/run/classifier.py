@@ -21,16 +21,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from munkey_core import data as data_mod
-from munkey_core.classifiers import ARCHS, ClassifierConfig, build_classifier, param_groups
+from munkey_core.data import datasets as data_mod
+from munkey_core.model.classifiers import ARCHS, ClassifierConfig, build_classifier, param_groups
 from munkey_core.config import TrainConfig, from_dict, resolve_device, resolve_profile, with_overrides
 from munkey_core.errors import MunkeyError
-from munkey_core.images import match_channels, resize_to
-from munkey_core.model import preprocess_images
-from munkey_core.rundir import FORMAT_VERSION, load_state_dict
-from munkey_core.storage import atomic_torch_save, atomic_write_json, read_json
-from munkey_core.torchfix import odd_batch_guard
-from munkey_core.train import cosine_schedule, random_shift
+from munkey_core.data.images import match_channels, resize_to
+from munkey_core.model.munkey_vit import preprocess_images
+from munkey_core.run.paths import FORMAT_VERSION, load_state_dict
+from munkey_core.run.atomic import atomic_torch_save, atomic_write_json, read_json
+from munkey_core.training.torchfix import odd_batch_guard
+from munkey_core.training.train import cosine_schedule, random_shift
 
 # Per-profile ResNet-18 budgets (the ViT reuses the MUNKEY profile's backbone and recipe unchanged).
 RESNET_PROFILES: dict[str, tuple[dict, dict]] = {

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
-from munkey_core import runstore
+from munkey_core.run import rows as runstore
 from munkey_core.errors import MunkeyError
-from munkey_core.memory import MemoryBank
-from munkey_core.metrics import MIA_CHEAP, accuracy, pathway_sensitivity
-from munkey_core.oracles import eval_sets, forget_tag, gaps, measure, munkey_scorer, oracle_path, train_oracle
-from munkey_core.storage import atomic_torch_save, atomic_write_json, read_json
+from munkey_core.bank.memory import MemoryBank
+from munkey_core.eval.metrics import MIA_CHEAP, accuracy, pathway_sensitivity
+from munkey_core.eval.oracles import eval_sets, forget_tag, gaps, measure, munkey_scorer, oracle_path, train_oracle
+from munkey_core.run.atomic import atomic_torch_save, atomic_write_json, read_json
 
 if TYPE_CHECKING:
     from munkey_core.service import MunkeyRun
@@ -122,8 +122,8 @@ def _val_forget_ids(run: "MunkeyRun", val_rate: float, seed: int) -> list[int]:
 
 def _pathways(model, bank, view, split_keys, sets, k: int, tau: float) -> tuple[float, float, float]:
     """Accuracy (percent) on the validation rows with the image pathway alone, the token alone, both."""
-    from munkey_core.model import preprocess_images
-    from munkey_core.predict import predict
+    from munkey_core.model.munkey_vit import preprocess_images
+    from munkey_core.model.predict import predict
 
     index = sets.test
     x = preprocess_images(torch.from_numpy(np.ascontiguousarray(view.test.images[index])), model.cfg.img_size)
@@ -203,7 +203,7 @@ def check_target(run: "MunkeyRun", out: str | Path) -> Path:
 
 def write_selected(run: "MunkeyRun", selection: Selection, out: str | Path) -> Path:
     """A new run directory whose weights and exemplars are the selected checkpoint's (original untouched)."""
-    from munkey_core.rundir import RunPaths
+    from munkey_core.run.paths import RunPaths
 
     if selection.selected is None:
         raise MunkeyError(f"No checkpoint has Ps <= {selection.max_ps}; nothing to write. Try a larger --max-ps "

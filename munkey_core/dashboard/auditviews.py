@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from munkey_core import audit, receipts
-from munkey_core.deletion import record_refusal
+from munkey_core.audit import log as audit
+from munkey_core.audit import receipts
+from munkey_core.forget.request import record_refusal
 from munkey_core.errors import MunkeyError
 from munkey_core.service import MunkeyRun
 

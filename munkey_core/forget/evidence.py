@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc
-from munkey_core.runstore import bank_ids, checkpoint_ids_present
+from munkey_core.eval.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc
+from munkey_core.run.rows import bank_ids, checkpoint_ids_present
 
 if TYPE_CHECKING:
     from munkey_core.service import MunkeyRun

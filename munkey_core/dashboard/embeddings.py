@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.jobs import BackgroundJob
-from munkey_core.model import preprocess_images
-from munkey_core.predict import neighbour_weights
+from munkey_core.dashboard.jobs import BackgroundJob
+from munkey_core.model.munkey_vit import preprocess_images
+from munkey_core.model.predict import neighbour_weights
 from munkey_core.service import MunkeyRun, Progress
 
 MAX_POINTS = 3000

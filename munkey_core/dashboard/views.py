@@ -26,9 +26,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from munkey_core.errors import MunkeyError
-from munkey_core.jobs import BackgroundJob, ProgressJob
-from munkey_core.runstore import bank_ids
-from munkey_core.predict import Predictions
+from munkey_core.dashboard.jobs import BackgroundJob, ProgressJob
+from munkey_core.run.rows import bank_ids
+from munkey_core.model.predict import Predictions
 from munkey_core.service import MunkeyRun, Progress, train_run
 from munkey_core.unlearn.keydelete import ids_from_bytes  # noqa: F401  (re-exported for the pages)
 

@@ -43,7 +43,7 @@ import numpy as np
 from PIL import Image
 
 from munkey_core.errors import MunkeyError
-from munkey_core.images import IMAGE_SUFFIXES, read_image_file, resize_to
+from munkey_core.data.images import IMAGE_SUFFIXES, read_image_file, resize_to
 
 SPLIT_NAMES = ("train", "val", "test")
 CARVE_ALL = (0.7, 0.1, 0.2)  # train/val/test fractions where the source has no split

@@ -1,0 +1,1 @@
+"""The hash-chained audit log, its backends, canonical JSON and receipts."""

@@ -1,0 +1,1 @@
+"""Views shaped for the Streamlit pages and their background jobs (no Streamlit import here)."""

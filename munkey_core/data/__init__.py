@@ -1,0 +1,1 @@
+"""Datasets: sources, stable sample ids, splits, image decoding."""

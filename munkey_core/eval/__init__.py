@@ -1,0 +1,1 @@
+"""Metrics, membership-inference attacks, retrained oracles and checkpoint selection."""

@@ -1,0 +1,1 @@
+"""Deletion requests: the journal and roll-forward, post-deletion evidence."""

@@ -1,0 +1,1 @@
+"""Frozen key encoders and the on-disk key cache."""

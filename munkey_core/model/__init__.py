@@ -1,0 +1,1 @@
+"""The MUNKEY ViT, its inference (ensemble and fusions) and the plain classifiers."""

@@ -1,0 +1,1 @@
+"""A run directory: paths, atomic writes, the run lock, checkpoint row files, classifier runs."""

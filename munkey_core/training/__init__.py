@@ -1,0 +1,1 @@
+"""Training loops (single process and distributed) and torch workarounds."""
