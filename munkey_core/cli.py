@@ -257,7 +257,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_forget(args: argparse.Namespace) -> int:
     from munkey_core.forget.request import RefusedRequest, UnfinishedRequest, record_refusal
     from munkey_core.service import MunkeyRun
-    from munkey_core.unlearn.keydelete import parse_ids, read_ids_file
+    from munkey_core.forget.ids import parse_ids, read_ids_file
 
     source = "ids" if args.ids is not None else "ids-file" if args.ids_file is not None else "random-fraction"
     ids = None

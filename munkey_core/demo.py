@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from munkey_core.service import MunkeyRun, train_run
-from munkey_core.unlearn.keydelete import random_ids
+from munkey_core.data.sampling import random_ids
 
 
 def _row(name: str, before: dict, after: dict) -> str:

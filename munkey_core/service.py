@@ -34,9 +34,9 @@ from munkey_core.model.predict import Predictions, predict
 from munkey_core.run.paths import (FORMAT_VERSION, RunPaths, load_state_dict, open_run, read_config, read_forgotten,
                                 read_list)
 from munkey_core.run.lock import RunLock
-from munkey_core.run.atomic import atomic_torch_save, atomic_write_json
+from munkey_core.atomic import atomic_torch_save, atomic_write_json
 from munkey_core.training.train import TrainData, train_munkey
-from munkey_core.unlearn.keydelete import random_ids
+from munkey_core.data.sampling import random_ids
 
 Progress = Callable[[str, float], None]  # (stage, fraction done)
 

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from munkey_core.dashboard.auditviews import refuse_unauthorised
-from munkey_core.unlearn.keydelete import parse_ids
+from munkey_core.forget.ids import parse_ids
 from munkey_core.dashboard.views import (DeletionJob, check_credential, classify_ids, ids_from_bytes, metrics_table,
                                similar_training_samples)
 from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, decoded_uploads, fmt, require_run, thumbnail_grid,

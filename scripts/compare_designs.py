@@ -37,7 +37,7 @@ from munkey_core.model.munkey_vit import preprocess_images  # noqa: E402
 from munkey_core.eval.oracles import eval_sets, gaps, measure, munkey_scorer, oracle_path  # noqa: E402
 from munkey_core.model.predict import predict  # noqa: E402
 from munkey_core.service import MunkeyRun, design_name  # noqa: E402
-from munkey_core.unlearn.keydelete import random_ids  # noqa: E402
+from munkey_core.data.sampling import random_ids  # noqa: E402
 
 RUN_FILES = ("config.json", "model.pt", "bank.store", "bank.store.redo", "bank.npz", "history.json")  # format 2 or 1
 

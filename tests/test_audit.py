@@ -292,7 +292,7 @@ def test_a_request_that_fails_after_its_commit_point_is_not_logged_as_refused(ti
             raise OSError(errno.ENOSPC, "No space left on device")
         raise MunkeyError("The bank store epoch_015.rows is damaged or truncated (wrong size).")
 
-    monkeypatch.setattr(deletion, "purge_checkpoints", fail)
+    monkeypatch.setattr(deletion, "purge_checkpoint_rows", fail)
     code, _, err = run_cli(capsys, "forget", str(tiny_run), *OP, "--ids", ",".join(map(str, ids)), "--no-evaluate")
     assert code == 2 and "committed" in err and "Traceback" not in err and "refused request" not in err
     assert (tiny_run / "journal.json").exists()

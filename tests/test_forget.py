@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.unlearn.keydelete import parse_ids, purge_checkpoints, random_ids, read_ids_file
+from munkey_core.data.sampling import random_ids
+from munkey_core.forget.ids import parse_ids, read_ids_file
+from munkey_core.run.rows import purge_checkpoint_rows
 
 
 def test_parse_ids_accepts_commas_spaces_lines_and_dedups() -> None:
@@ -57,11 +59,11 @@ def test_purge_checkpoints_drops_exactly_the_deleted_rows(tmp_path) -> None:
     for e in (1, 2):
         torch.save({"epoch": e, "ids": torch.arange(10, 16), "values": values * e, "model": {}},
                    tmp_path / f"epoch_{e:03d}.pt")
-    assert purge_checkpoints(tmp_path, [11, 14, 99]) == 2
+    assert purge_checkpoint_rows(tmp_path, [11, 14, 99]) == 2
     for e in (1, 2):
         ck = torch.load(tmp_path / f"epoch_{e:03d}.pt", weights_only=True)
         assert ck["ids"].tolist() == [10, 12, 13, 15]
         torch.testing.assert_close(ck["values"], values[[0, 2, 3, 5]] * e)
         for victim in (1, 4):
             assert (values[victim] * e).numpy().tobytes() not in (tmp_path / f"epoch_{e:03d}.pt").read_bytes()
-    assert purge_checkpoints(tmp_path, [11]) == 0  # nothing left to do
+    assert purge_checkpoint_rows(tmp_path, [11]) == 0  # nothing left to do

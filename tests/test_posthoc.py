@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from munkey_core.run.classifier import ClassifierRun, logits_of, train_classifier_run
 from munkey_core.errors import MunkeyError
-from munkey_core.unlearn.keydelete import random_ids
+from munkey_core.data.sampling import random_ids
 from munkey_core.unlearn.posthoc import METHODS, run_posthoc
 
 

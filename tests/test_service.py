@@ -10,7 +10,7 @@ import pytest
 
 from munkey_core.errors import MunkeyError
 from munkey_core.service import MunkeyRun
-from munkey_core.unlearn.keydelete import random_ids
+from munkey_core.data.sampling import random_ids
 
 
 def test_forgetting_drops_forget_accuracy_towards_test_accuracy(tiny_run: Path) -> None:

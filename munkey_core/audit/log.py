@@ -35,7 +35,7 @@ from munkey_core.audit.canonical import canonical_bytes, canonical_json, sha256_
 from munkey_core.errors import MunkeyError
 from munkey_core.run.lock import crash_point
 from munkey_core.run.rows import bank_ids
-from munkey_core.run.atomic import atomic_write_json, fsync_dir, read_json
+from munkey_core.atomic import atomic_write_json, fsync_dir, read_json
 
 LOG_FORMAT = "munkey-audit/1"
 GENESIS = "0" * 64

@@ -19,7 +19,7 @@ from munkey_core import __version__
 from munkey_core.audit.log import AuditLog, Entry, entry_hash, now_utc, open_log, verify_run
 from munkey_core.audit.canonical import canonical_bytes, sha256_hex
 from munkey_core.errors import MunkeyError
-from munkey_core.run.atomic import atomic_write_bytes, atomic_write_json
+from munkey_core.atomic import atomic_write_bytes, atomic_write_json
 
 RECEIPT_FORMAT = "munkey-receipt/1"
 RECEIPTS_DIR = "receipts"

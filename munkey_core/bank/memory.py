@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.run.atomic import atomic_write_bytes
+from munkey_core.atomic import atomic_write_bytes
 
 _SCORE_BUDGET = 64 * 1024 * 1024  # floats in one (queries x bank) score chunk
 

@@ -52,7 +52,7 @@ import torch
 
 from munkey_core.errors import MunkeyError
 from munkey_core.bank.memory import DeleteResult, MemoryBank, rows_in
-from munkey_core.run.atomic import fsync_dir
+from munkey_core.atomic import fsync_dir
 
 MAGIC = b"MKYSTORE1\n"
 HEADER_BYTES = 4096

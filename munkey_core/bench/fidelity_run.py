@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from munkey_core.bench.unact_run import _mean_sd
 from munkey_core.errors import MunkeyError
-from munkey_core.run.atomic import atomic_write_json, read_json
+from munkey_core.atomic import atomic_write_json, read_json
 
 COLUMNS = ("rate", "seed", "method", "oracle", "TA", "RA", "FA", "MIA", "AvgGap", "seconds", "MIA_attack", "epoch")
 SELECTED = "MUNKEY (selected checkpoint)"
@@ -185,7 +185,7 @@ class FidelityBench:
         import shutil
 
         from munkey_core.service import MunkeyRun
-        from munkey_core.unlearn.keydelete import random_ids
+        from munkey_core.data.sampling import random_ids
 
         path = self.work / f"seed_{seed}" / f"rate_{rate:g}_audited.json"
         if path.exists():
@@ -228,7 +228,7 @@ class FidelityBench:
         the same samples as the final model."""
         from munkey_core.eval.oracles import eval_sets, measure, munkey_scorer
         from munkey_core.eval.selection import checkpoint_state
-        from munkey_core.unlearn.keydelete import random_ids
+        from munkey_core.data.sampling import random_ids
 
         a = self.args
         path = self.work / f"seed_{seed}" / f"rate_{rate:g}_selected.json"
@@ -260,7 +260,7 @@ class FidelityBench:
         from munkey_core.run.classifier import ClassifierRun
         from munkey_core.eval.oracles import classifier_scorer, eval_sets, measure, munkey_scorer
         from munkey_core.service import MunkeyRun
-        from munkey_core.unlearn.keydelete import random_ids
+        from munkey_core.data.sampling import random_ids
         from munkey_core.unlearn.posthoc import run_posthoc
 
         a = self.args

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from munkey_core.bench.perf import KEY_DIM, VALUE_DIM, _chunks, _table
+from munkey_core.bench._common import KEY_DIM, VALUE_DIM, chunks, table
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -71,7 +71,7 @@ def _written() -> int:
 
 
 def _base(root: Path) -> None:
-    from munkey_core.run.atomic import atomic_write_json
+    from munkey_core.atomic import atomic_write_json
 
     (root / "checkpoints").mkdir(parents=True, exist_ok=True)
     atomic_write_json(root / "forgotten.json", {"ids": [], "requests": []})
@@ -80,14 +80,14 @@ def _base(root: Path) -> None:
 def build_format2(root: Path, n: int, seed: int, checkpoints: int, weights: dict) -> None:
     """A format-2 run directory's row files, written in chunks (bounded memory)."""
     from munkey_core.bank.store import BankStore
-    from munkey_core.run.atomic import atomic_torch_save
+    from munkey_core.atomic import atomic_torch_save
 
     _base(root)
     bank = BankStore.create(root / "bank.store", capacity=n, key_dim=KEY_DIM, value_dim=VALUE_DIM,
                             moment_names=MOMENTS)
     cks = [BankStore.create(root / "checkpoints" / f"epoch_{e:03d}.rows", capacity=n, key_dim=0,
                             value_dim=VALUE_DIM) for e in range(1, checkpoints + 1)]
-    for ids, keys in _chunks(n, seed):
+    for ids, keys in chunks(n, seed):
         v = _values(ids)
         bank.append(ids, ids % 10, keys, v, {"exp_avg": v * np.float32(0.1), "exp_avg_sq": v * v})
         for e, ck in enumerate(cks, start=1):
@@ -103,10 +103,10 @@ def build_format1(root: Path, n: int, seed: int, checkpoints: int, weights: dict
     import torch
 
     from munkey_core.bank.memory import MemoryBank
-    from munkey_core.run.atomic import atomic_torch_save
+    from munkey_core.atomic import atomic_torch_save
 
     _base(root)
-    parts = list(_chunks(n, seed))
+    parts = list(chunks(n, seed))
     ids = np.concatenate([i for i, _ in parts])
     keys = np.concatenate([k for _, k in parts])
     del parts
@@ -199,7 +199,7 @@ def bench_forget(sizes: list[int], quick: bool, seed: int, workdir: Path, *, che
                      "-" if w_old is None else statistics.median(w_old[:singles]) / 2**20,
                      statistics.median(w_new[:singles]) / 2**10, w_new[-1] / 2**10,
                      size2 / 2**30, "yes" if ok_new else "NO"])
-    return [_table(f"Forget request, storage part end to end (ms; deletion.apply_journal on a run directory "
+    return [table(f"Forget request, storage part end to end (ms; deletion.apply_journal on a run directory "
                    f"with {checkpoints} checkpoints of {weight_mib:.1f} MiB weights each; format 1 = bank.npz + "
                    "rows inside each checkpoint, rewritten; format 2 = row files purged in place)",
                    ["bank rows", "checkpoints", "format 1, 1 id", "format 2, 1 id", "format 1 / format 2 (1 id)",

@@ -29,9 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from munkey_core.bench._common import KEY_DIM, VALUE_DIM, chunks, table
+
 HELP = "deletion, forget requests, search, inference, training and memory at scale vs baselines"
 
-KEY_DIM, VALUE_DIM, CENTRES, CHUNK = 1280, 128, 1000, 50_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,33 +61,6 @@ def _timeit(fn, reps: int) -> list[float]:
     return out
 
 
-def _table(title: str, header: list[str], rows: list[list]) -> str:
-    def fmt(v) -> str:
-        if isinstance(v, float):
-            return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
-        if isinstance(v, int):
-            return f"{v:,}"
-        return str(v)
-    lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def _chunks(n: int, seed: int, start_id: int = 0):
-    """Yield (ids, keys) chunks of clustered unit keys; the same seed gives the same rows."""
-    import numpy as np
-
-    centres = np.random.default_rng(seed).standard_normal((CENTRES, KEY_DIM), dtype=np.float32)
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    for c, lo in enumerate(range(0, n, CHUNK)):
-        m = min(CHUNK, n - lo)
-        rng = np.random.default_rng([seed, c, start_id])
-        keys = centres[rng.integers(0, CENTRES, m)]
-        keys += rng.standard_normal((m, KEY_DIM), dtype=np.float32) * np.float32(0.6 / KEY_DIM ** 0.5)
-        keys /= np.linalg.norm(keys, axis=1, keepdims=True)
-        yield np.arange(start_id + lo, start_id + lo + m, dtype=np.int64), keys
-
-
 def _build_store(path: Path, n: int, seed: int, dtype: str = "float32"):
     import numpy as np
 
@@ -94,7 +68,7 @@ def _build_store(path: Path, n: int, seed: int, dtype: str = "float32"):
 
     store = BankStore.create(path, capacity=n, key_dim=KEY_DIM, value_dim=VALUE_DIM,
                              moment_names=["exp_avg", "exp_avg_sq"], dtype=dtype)
-    for ids, keys in _chunks(n, seed):
+    for ids, keys in chunks(n, seed):
         rng = np.random.default_rng(int(ids[0]) + 1)
         v = rng.standard_normal((len(ids), VALUE_DIM), dtype=np.float32) * np.float32(0.02)
         store.append(ids, ids % 10, keys, v, {"exp_avg": v * np.float32(0.1), "exp_avg_sq": v * v})
@@ -112,7 +86,7 @@ def bench_deletion(sizes: list[int], quick: bool, seed: int, workdir: Path) -> l
 
     faiss.omp_set_num_threads(1)
     rng = np.random.default_rng(seed + 7)
-    held_out = np.concatenate([k for _, k in _chunks(20_000, seed, start_id=10**9)])  # never in a bank
+    held_out = np.concatenate([k for _, k in chunks(20_000, seed, start_id=10**9)])  # never in a bank
     queries = torch.from_numpy(held_out[:256].copy())
     del_rows, search_rows, ann_rows = [], [], []
     for n in sizes:
@@ -153,7 +127,7 @@ def bench_deletion(sizes: list[int], quick: bool, seed: int, workdir: Path) -> l
         scanned = "n/a"
         if n <= 100_000:
             blob = (d / "bank.store").read_bytes()
-            first = next(_chunks(n, seed))[1]
+            first = next(chunks(n, seed))[1]
             probes = [first[v] for v in victims[:reps] if v < len(first)][:5]
             scanned = "yes" if probes and all(p.tobytes() not in blob for p in probes) else "NO"
             del blob
@@ -163,7 +137,7 @@ def bench_deletion(sizes: list[int], quick: bool, seed: int, workdir: Path) -> l
         # FAISS flat with ids: the same rows
         print(f"[perf] bank of {n:,} rows: FAISS ...", flush=True)
         fx = faiss.IndexIDMap2(faiss.IndexFlatIP(KEY_DIM))
-        for ids, keys in _chunks(n, seed):
+        for ids, keys in chunks(n, seed):
             fx.add_with_ids(keys, ids)
         fx.search(queries[:1].numpy(), 10)
         f1 = _timeit(lambda: fx.search(queries[:1].numpy(), 10), 3 if n >= 10**6 else 10)
@@ -177,7 +151,7 @@ def bench_deletion(sizes: list[int], quick: bool, seed: int, workdir: Path) -> l
         # the simple version: MemoryBank in RAM + atomic npz save per request (O(N) on disk)
         mb_single = mb_batch = None
         if n <= 100_000:
-            keys = np.concatenate([k for _, k in _chunks(n, seed)])
+            keys = np.concatenate([k for _, k in chunks(n, seed)])
             v = np.zeros((n, VALUE_DIM), dtype=np.float32)
             bank = MemoryBank(np.arange(n), np.arange(n) % 10, keys, v, {"exp_avg": v, "exp_avg_sq": v.copy()})
             del keys
@@ -201,7 +175,7 @@ def bench_deletion(sizes: list[int], quick: bool, seed: int, workdir: Path) -> l
     for r in del_rows:
         r.insert(3, r[1] / base)
     return [
-        _table("Deletion (ms; BankStore = durable, physical, IVF index updated)",
+        table("Deletion (ms; BankStore = durable, physical, IVF index updated)",
                ["bank rows", "store 1 id median", "store 1 id p90", "vs smallest bank", "store 1 id without the 2 flushes",
                 "store 1,000 ids",
                 "store per id in batch", "FAISS remove_ids 1 id", "FAISS 1,000 ids", "FAISS / store (1 id)",
@@ -209,10 +183,10 @@ def bench_deletion(sizes: list[int], quick: bool, seed: int, workdir: Path) -> l
                 "file scan: deleted keys absent"], del_rows),
         f"One fdatasync of a 4 KiB write on this disk (the durability floor; a deletion needs two): "
         f"median {floor:.3f} ms.\n",
-        _table("Exact top-10 search (1 thread)",
+        table("Exact top-10 search (1 thread)",
                ["bank rows", "store 1 query ms", "store queries/s (batch 256)", "FAISS flat 1 query ms",
                 "FAISS queries/s (batch 256)"], search_rows),
-        _table("IVF approximate search (centroids fitted on 19,744 held-out keys; recall@10 vs exact)",
+        table("IVF approximate search (centroids fitted on 19,744 held-out keys; recall@10 vs exact)",
                ["bank rows", "nlist", "nprobe", "recall@10", "1 query ms", "queries/s (batch 64)", "build s"],
                ann_rows),
     ]
@@ -288,7 +262,7 @@ def bench_inference(quick: bool, seed: int) -> list[str]:
               "ensemble, 256/K images per call, img/s", "chunked / (K x plain)"]
     for L in lates:
         header += [f"late@{L} img/s", f"late@{L} / (K x plain)"]
-    return [_table(f"Inference (model forwards only, batch {b}, cpu profile: width {cfg.embed_dim}, depth "
+    return [table(f"Inference (model forwards only, batch {b}, cpu profile: width {cfg.embed_dim}, depth "
                    f"{cfg.depth}, {(cfg.img_size // cfg.patch_size) ** 2} patches; late@L: token joins at block L)",
                    header, rows)]
 
@@ -357,7 +331,7 @@ def bench_training(quick: bool, seed: int) -> list[str]:
     data = _train_data(n, seed)
     bank = MemoryBank.create(data.ids, data.labels, data.keys, model_cfg.exemplar_dim)
     t = time.perf_counter()
-    neighbour_table(bank, cfg.k_train, cfg.tau)
+    neighbourtable(bank, cfg.k_train, cfg.tau)
     table_s = time.perf_counter() - t
     plain, munkey = [], []
     for _ in range(1 if quick else 2):  # alternate, drop each run's first (warm-up) epoch
@@ -365,7 +339,7 @@ def bench_training(quick: bool, seed: int) -> list[str]:
         munkey += [h["seconds"] for h in train_munkey(model_cfg, cfg, data, progress=False).history][1:]
     p, m = statistics.median(plain), statistics.median(munkey)
     rows = [[n, p, m, m / p, table_s, n / p, n / m]]
-    return [_table("Training (cpu profile, batch 128, seconds per epoch, median of alternated runs)",
+    return [table("Training (cpu profile, batch 128, seconds per epoch, median of alternated runs)",
                    ["train images", "plain ViT s/epoch", "MUNKEY s/epoch", "MUNKEY / plain",
                     "one-off K' neighbour table s", "plain img/s", "MUNKEY img/s"], rows)]
 
@@ -436,11 +410,11 @@ def bench_memory(workdir: Path) -> list[str]:
         with ProcessPoolExecutor(1, mp_context=ctx) as ex:
             rss.append([what, ex.submit(fn, *args).result()])
     return [
-        _table("Bytes per stored sample (1280-d key, 128-d exemplar; training adds two AdamW moment rows)",
+        table("Bytes per stored sample (1280-d key, 128-d exemplar; training adds two AdamW moment rows)",
                ["dtype", "training row B", "serving row B (id, label, key, exemplar)", "exemplar only B",
                 "CIFAR-10 50k training MiB", "CIFAR-10 50k serving MiB", "CIFAR-10 50k exemplars MiB",
                 "1M training GiB"], rows),
-        _table("Peak RSS (separate processes, 1 thread)", ["process", "peak RSS MiB"], rss),
+        table("Peak RSS (separate processes, 1 thread)", ["process", "peak RSS MiB"], rss),
     ]
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from munkey_core.unlearn.classforget import ClassEditor, ClassRequest, _stratified_cap, class_metrics
+from munkey_core.data.sampling import stratified_sample
+from munkey_core.unlearn.classforget import ClassEditor, ClassRequest, class_metrics
 from munkey_core.errors import MunkeyError
 from munkey_core.dashboard.jobs import BackgroundJob
 from munkey_core.bank.memory import MemoryBank
@@ -43,7 +44,7 @@ class ClassUnlearnJob(BackgroundJob):
         super().__init__()
         self.editor, self.method, self.images, self.cls, self.cfg = editor, method, images_u8, cls, cfg
         self.compare = compare
-        self.probe = _stratified_cap(editor.dataset.test.labels, PROBE, seed=1)
+        self.probe = stratified_sample(editor.dataset.test.labels, PROBE, seed=1)
         self.reset()
 
     def reset(self) -> None:

@@ -30,7 +30,7 @@ from munkey_core.dashboard.jobs import BackgroundJob, ProgressJob
 from munkey_core.run.rows import bank_ids
 from munkey_core.model.predict import Predictions
 from munkey_core.service import MunkeyRun, Progress, train_run
-from munkey_core.unlearn.keydelete import ids_from_bytes  # noqa: F401  (re-exported for the pages)
+from munkey_core.forget.ids import ids_from_bytes  # noqa: F401  (re-exported for the pages)
 
 METRIC_NAMES = ("TA", "RA", "FA", "MIA", "Ps")
 

@@ -44,6 +44,7 @@ from PIL import Image
 
 from munkey_core.errors import MunkeyError
 from munkey_core.data.images import IMAGE_SUFFIXES, read_image_file, resize_to
+from munkey_core.data.sampling import apportion, stratified_sample
 
 SPLIT_NAMES = ("train", "val", "test")
 CARVE_ALL = (0.7, 0.1, 0.2)  # train/val/test fractions where the source has no split
@@ -177,30 +178,6 @@ def _as_ids(ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- splitting
 
 
-def _apportion(counts: np.ndarray, total: int, low: np.ndarray | int,
-               high: np.ndarray | int) -> np.ndarray:
-    """Share `total` among classes in proportion to `counts` (largest remainder), each in
-    [low, high].
-
-    Returns fewer than `total` only when every class is at `high`.
-    """
-    ideal = counts * (total / max(int(counts.sum()), 1))
-    alloc = np.clip(np.floor(ideal).astype(np.int64), low, high)
-    while alloc.sum() != total:
-        gap = ideal - alloc  # positive: class is below its fair share
-        if alloc.sum() < total:
-            room = alloc < high
-            if not room.any():
-                break
-            alloc[np.argmax(np.where(room, gap, -np.inf))] += 1
-        else:
-            room = alloc > low
-            if not room.any():
-                break
-            alloc[np.argmin(np.where(room, gap, np.inf))] -= 1
-    return alloc
-
-
 def _carve(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
     """Stratified, seeded split of row indices into parts (first = train), each part sorted.
 
@@ -217,7 +194,7 @@ def _carve(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np
     held, want = np.zeros_like(counts), 0  # per class / in total, held out of train so far
     for k in range(len(fractions) - 1, 0, -1):
         want += max(int(n * fractions[k] + 0.5), 1 if n >= len(fractions) else 0)
-        cum = _apportion(counts, want, held, counts - 1)  # (C,) one per class stays in train
+        cum = apportion(counts, want, held, counts - 1)  # (C,) one per class stays in train
         allocs[k], held = cum - held, cum
     allocs[0] = counts - held
     rng = np.random.default_rng(seed)
@@ -234,20 +211,11 @@ def _carve_splits(pool: Split, fractions: Sequence[float], seed: int) -> list[Sp
     return [pool.subset(index) for index in _carve(pool.labels, fractions, seed)]
 
 
-def _stratified_sample(labels: np.ndarray, k: int, seed: int) -> np.ndarray:
-    """Sorted indices of a seeded, stratified sample of k rows (every class kept while k allows)."""
-    _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    take = _apportion(counts, k, 1 if k >= len(counts) else 0, counts)
-    rng = np.random.default_rng(seed)
-    chosen = [rng.permutation(np.flatnonzero(inverse == c))[:take[c]] for c in range(len(counts))]
-    return np.sort(np.concatenate(chosen))
-
-
 def _limit_train(ds: Dataset, max_train: int, seed: int) -> Dataset:
     """`ds` with train cut to a stratified, seeded subset of max_train rows (ids unchanged)."""
     if max_train >= len(ds.train):
         return ds
-    keep = _stratified_sample(ds.train.labels, int(max_train), seed)
+    keep = stratified_sample(ds.train.labels, int(max_train), seed)
     return replace(ds, train=ds.train.subset(keep))
 
 

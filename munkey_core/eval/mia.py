@@ -30,7 +30,7 @@ import numpy as np
 
 from munkey_core.errors import MunkeyError
 from munkey_core.eval.metrics import MIA_CHEAP, cross_entropy, mia_auc
-from munkey_core.run.atomic import atomic_write_json, read_json
+from munkey_core.atomic import atomic_write_json, read_json
 
 MIA_STRONG = "RMIA-style likelihood ratio vs reference out-models, class-balanced AUC (strong; forget vs test)"
 ATTACKS = {"cheap": MIA_CHEAP, "strong": MIA_STRONG}

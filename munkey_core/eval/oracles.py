@@ -25,7 +25,7 @@ import torch
 from munkey_core.errors import MunkeyError
 from munkey_core.eval.metrics import GAP_KEYS, MIA_CHEAP, accuracy, avg_gap
 from munkey_core.eval.mia import MIA_STRONG, StrongAttack, cheap_mia
-from munkey_core.run.atomic import atomic_write_json, read_json
+from munkey_core.atomic import atomic_write_json, read_json
 
 ORACLE_DIR = "oracles"
 KINDS = ("munkey", "vit")

@@ -31,7 +31,7 @@ from munkey_core.errors import MunkeyError
 from munkey_core.bank.memory import MemoryBank
 from munkey_core.eval.metrics import MIA_CHEAP, accuracy, pathway_sensitivity
 from munkey_core.eval.oracles import eval_sets, forget_tag, gaps, measure, munkey_scorer, oracle_path, train_oracle
-from munkey_core.run.atomic import atomic_torch_save, atomic_write_json, read_json
+from munkey_core.atomic import atomic_torch_save, atomic_write_json, read_json
 
 if TYPE_CHECKING:
     from munkey_core.service import MunkeyRun
@@ -113,7 +113,7 @@ def checkpoint_state(run: "MunkeyRun", path: Path) -> tuple[torch.nn.Module, Mem
 
 
 def _val_forget_ids(run: "MunkeyRun", val_rate: float, seed: int) -> list[int]:
-    from munkey_core.unlearn.keydelete import random_ids
+    from munkey_core.data.sampling import random_ids
 
     if not 0.0 < val_rate < 0.5:
         raise MunkeyError(f"--val-rate must be between 0 and 0.5 (exclusive), got {val_rate}.")

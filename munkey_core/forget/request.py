@@ -38,8 +38,8 @@ from munkey_core.forget.evidence import (ORACLE_NOTE, own_keys, request_accuracy
 from munkey_core.eval.metrics import MIA_CHEAP
 from munkey_core.run.paths import read_forgotten
 from munkey_core.run.lock import RunLock, crash_point
-from munkey_core.run.atomic import atomic_write_json, fsync_dir, read_json
-from munkey_core.unlearn.keydelete import purge_checkpoints
+from munkey_core.run.rows import purge_checkpoint_rows
+from munkey_core.atomic import atomic_write_json, fsync_dir, read_json
 
 if TYPE_CHECKING:
     from munkey_core.service import MunkeyRun
@@ -271,7 +271,7 @@ def apply_journal(run: "MunkeyRun", journal: dict) -> None:
         atomic_write_json(run.paths.forgotten, fg)
     run.forgotten = fg
     crash_point("forgotten")
-    purge_checkpoints(run.paths.checkpoints, todo, on_file=lambda _: crash_point("checkpoint"))
+    purge_checkpoint_rows(run.paths.checkpoints, todo, on_file=lambda _: crash_point("checkpoint"))
     crash_point("checkpoints")
     present = [i for i in todo if i in run.bank]
     if present:

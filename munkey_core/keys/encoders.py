@@ -54,7 +54,6 @@ import importlib.util
 import json
 import os
 import re
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -64,6 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from munkey_core.atomic import atomic_write
 from munkey_core.errors import MunkeyError
 
 DEFAULT_ENCODER = "efficientnet_lite0"
@@ -468,29 +468,6 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", str(s)).strip("._")[:48] or "x"
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """Write via `write(fileobj)` to a temp file in path's directory, fsync, os.replace."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
 def _read_cached(npy: Path, meta_path: Path, key: str, n: int, dim: int) -> np.ndarray | None:
     """The cached keys, or None when absent; a damaged entry is deleted with a warning."""
     if not npy.exists() and not meta_path.exists():
@@ -558,8 +535,8 @@ def cached_keys(encoder: KeyEncoder, images: np.ndarray, ids: np.ndarray, *, dat
             "content": digest, "shape": [n, encoder.dim], "dtype": "float32"}
     try:
         npy.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(npy, lambda f: np.save(f, keys, allow_pickle=False))
-        _atomic_write(meta_path, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
+        atomic_write(npy, lambda f: np.save(f, keys, allow_pickle=False))
+        atomic_write(meta_path, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
     except OSError as exc:
         warnings.warn(f"Could not write the key cache in {npy.parent} ({exc}); keys will be recomputed next "
                       "time. Set MUNKEY_CACHE to a writable folder.", RuntimeWarning, stacklevel=2)

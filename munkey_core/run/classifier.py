@@ -28,7 +28,7 @@ from munkey_core.errors import MunkeyError
 from munkey_core.data.images import match_channels, resize_to
 from munkey_core.model.munkey_vit import preprocess_images
 from munkey_core.run.paths import FORMAT_VERSION, load_state_dict
-from munkey_core.run.atomic import atomic_torch_save, atomic_write_json, read_json
+from munkey_core.atomic import atomic_torch_save, atomic_write_json, read_json
 from munkey_core.training.torchfix import odd_batch_guard
 from munkey_core.training.train import cosine_schedule, random_shift
 

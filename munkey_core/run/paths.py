@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.run.atomic import read_json
+from munkey_core.atomic import read_json
 
 FORMAT_VERSION = 2  # runstore.STORE_FORMAT
 

@@ -43,7 +43,7 @@ from munkey_core.errors import MunkeyError
 from munkey_core.bank.memory import MemoryBank
 from munkey_core.run.paths import load_state_dict
 from munkey_core.run.lock import crash_point
-from munkey_core.run.atomic import atomic_torch_save, atomic_write_json, fsync_dir, read_json
+from munkey_core.atomic import atomic_torch_save, atomic_write_json, fsync_dir, read_json
 
 STORE_FORMAT = 2
 MIGRATION_CRASH_STEPS = ("migrate-bank", "migrate-checkpoint", "migrate-config")  # tests/test_runstore.py

@@ -26,12 +26,13 @@ import numpy as np
 import torch
 
 from munkey_core.run.classifier import ClassifierRun, run_kind, train_classifier_run
+from munkey_core.data.sampling import stratified_sample
 from munkey_core.errors import MunkeyError
 from munkey_core.forget.evidence import model_fingerprint
 from munkey_core.bank.memory import MemoryBank
 from munkey_core.run import rows as runstore
 from munkey_core.model.predict import predict
-from munkey_core.run.atomic import atomic_torch_save, atomic_write_json, read_json
+from munkey_core.atomic import atomic_torch_save, atomic_write_json, read_json
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, ssd_forget
 from munkey_core.unlearn.unact import DEFAULTS, RoundInfo, UnActConfig, munkey_image_forward, scope_for, unact
 
@@ -108,7 +109,7 @@ class ClassEditor:
         self.model = self.run.model
         ds = self.dataset
         cap = _MUNKEY_TEST_CAP if (max_test is None and self.kind == "munkey") else (max_test or 0)
-        self.test_index = _stratified_cap(ds.test.labels, cap, seed=0)
+        self.test_index = stratified_sample(ds.test.labels, cap, seed=0)
         self._all_test_keys: np.ndarray | None = None
         self._original_pred: np.ndarray | None = None  # the loaded model is never edited: cacheable
         self._fp: str | None = None
@@ -370,19 +371,6 @@ class ClassEditor:
             ids = [int(i) for i in new.bank.ids[new.bank.labels == request.cls]]
             new.forget(ids, operator=operator, source=f"class {request.cls} ({request.method})")
         return out
-
-
-def _stratified_cap(labels: np.ndarray, cap: int, seed: int) -> np.ndarray:
-    """All indices, or a seeded subset of `cap` with every class in proportion."""
-    n = len(labels)
-    if not cap or cap >= n:
-        return np.arange(n)
-    rng = np.random.default_rng(seed)
-    picks = []
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        picks.append(rng.choice(idx, size=max(1, round(cap * len(idx) / n)), replace=False))
-    return np.sort(np.concatenate(picks))
 
 
 def _index_hash(index: np.ndarray) -> str:

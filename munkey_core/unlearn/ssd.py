@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from munkey_core.errors import MunkeyError
-from munkey_core.run.atomic import atomic_torch_save
+from munkey_core.atomic import atomic_torch_save
 from munkey_core.training.torchfix import odd_batch_guard
 
 METHODS = ("ssd", "lfssd")

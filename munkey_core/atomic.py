@@ -2,6 +2,8 @@
 
 Each write goes to a temporary file in the same directory, is fsync'ed, renamed over the target
 with os.replace (atomic on POSIX), and the directory is fsync'ed so the rename itself is durable.
+Below every other package (the bank, the key cache and the run directory all write through it).
+Tests: tests/test_atomicity.py, tests/test_keys.py (the key cache).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import torch
 
@@ -25,14 +27,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically and durably."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Replace `path` with what `write(file)` writes, atomically and durably (streamed: no copy in memory)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -41,6 +43,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically and durably."""
+    atomic_write(path, lambda f: f.write(data))
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

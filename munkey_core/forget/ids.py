@@ -1,9 +1,7 @@
-"""Key-deletion unlearning: M_u = M minus {(k_i, v_i) : i in D_f}. No gradients, no retain data.
+"""A deletion request's ids, from text, a CSV with an `id` column, a file or a dashboard upload.
 
-This module turns a user's request (ids, a file of ids, or a random fraction) into a validated id
-list, and purges those ids from every saved copy of the exemplars (per-epoch checkpoints, in place).
-The bank itself deletes with `MemoryBank.delete` in memory and `BankStore.delete` on disk (O(1) per
-id, physical).
+Malformed input raises MunkeyError naming the bad tokens, before anything is deleted. (A random
+fraction of the bank is `data.sampling.random_ids`; the deletion itself is forget/request.py.)
 Tests: tests/test_forget.py.
 """
 
@@ -11,12 +9,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Callable, Iterable
-
-import numpy as np
 
 from munkey_core.errors import MunkeyError
-from munkey_core.run.rows import purge_checkpoint_rows
 
 _HEADER_NAMES = {"id", "ids", "sample_id", "sample"}
 
@@ -66,22 +60,3 @@ def read_ids_file(path: str | Path) -> list[int]:
     if not path.is_file():
         raise MunkeyError(f"The ids file {path} does not exist. Nothing was deleted.")
     return ids_from_bytes(path.read_bytes(), source=str(path))
-
-
-def random_ids(ids: np.ndarray, fraction: float, seed: int) -> list[int]:
-    """A seeded uniform random `fraction` of `ids` (at least one id), sorted."""
-    if not 0.0 < fraction < 1.0:
-        raise MunkeyError(f"--random-fraction must be between 0 and 1 (exclusive), got {fraction}.")
-    if len(ids) == 0:
-        raise MunkeyError("The memory bank is empty; there is nothing left to delete.")
-    count = max(1, int(round(fraction * len(ids))))
-    chosen = np.random.default_rng(seed).choice(np.sort(ids), size=count, replace=False)
-    return sorted(int(i) for i in chosen)
-
-
-def purge_checkpoints(checkpoint_dir: Path, ids: Iterable[int],
-                      on_file: Callable[[Path], None] | None = None) -> int:
-    """Remove the exemplar rows of `ids` from every per-epoch checkpoint; returns files changed.
-    Idempotent; `on_file` is called after each change. Row files (format 2) are purged in place,
-    O(#ids) bytes each; a format-1 checkpoint is rewritten (runstore.purge_checkpoint_rows)."""
-    return purge_checkpoint_rows(checkpoint_dir, ids, on_file)

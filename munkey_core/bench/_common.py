@@ -1,0 +1,37 @@
+"""Helpers shared by the benchmarks: markdown tables and synthetic clustered keys.
+
+Keys are synthetic and clustered (CENTRES centres plus noise, unit norm), generated CHUNK rows at a
+time so that a 1M-row bank is built in bounded memory.
+"""
+
+from __future__ import annotations
+
+KEY_DIM, VALUE_DIM, CENTRES, CHUNK = 1280, 128, 1000, 50_000
+
+
+def table(title: str, header: list[str], rows: list[list]) -> str:
+    """A markdown table under a `###` title; floats with 3 decimals below 10, 1 above, thousands separated."""
+    def fmt(v) -> str:
+        if isinstance(v, float):
+            return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+        if isinstance(v, int):
+            return f"{v:,}"
+        return str(v)
+    lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def chunks(n: int, seed: int, start_id: int = 0):
+    """Yield (ids, keys) chunks of clustered unit keys; the same seed gives the same rows."""
+    import numpy as np
+
+    centres = np.random.default_rng(seed).standard_normal((CENTRES, KEY_DIM), dtype=np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    for c, lo in enumerate(range(0, n, CHUNK)):
+        m = min(CHUNK, n - lo)
+        rng = np.random.default_rng([seed, c, start_id])
+        keys = centres[rng.integers(0, CENTRES, m)]
+        keys += rng.standard_normal((m, KEY_DIM), dtype=np.float32) * np.float32(0.6 / KEY_DIM ** 0.5)
+        keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+        yield np.arange(start_id + lo, start_id + lo + m, dtype=np.int64), keys
