@@ -1,4 +1,4 @@
-"""Metric code on hand-made cases."""
+"""Metric code on hand-made cases, and the AUCs against scikit-learn's roc_auc_score as the oracle."""
 
 from __future__ import annotations
 
@@ -63,3 +63,39 @@ def test_avg_gap_reproduces_the_papers_cifar10_row() -> None:
     munkey = {"TA": 92.63, "RA": 99.94, "FA": 92.53, "MIA": 51.40}
     oracle = {"TA": 92.38, "RA": 99.93, "FA": 92.05, "MIA": 49.90}
     assert round(avg_gap(munkey, oracle), 2) == 0.56
+
+
+# --------------------------------------------------------------------------- oracle: scikit-learn
+
+
+def _sklearn_auc(pos, neg) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(np.r_[np.ones(len(pos)), np.zeros(len(neg))], np.r_[pos, neg]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_auc_equals_sklearns_roc_auc_with_and_without_ties(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n_pos, n_neg = rng.integers(1, 400, size=2)
+    cases = {
+        "continuous": (rng.normal(0.3, 1, n_pos), rng.normal(0, 1, n_neg)),
+        "heavy ties": (rng.integers(0, 4, n_pos).astype(float), rng.integers(0, 5, n_neg).astype(float)),
+        "ties across and within": (np.round(rng.normal(0, 1, n_pos), 1), np.round(rng.normal(0, 1, n_neg), 1)),
+        "one positive": (rng.normal(size=1), rng.normal(size=n_neg)),
+        "all tied": (np.full(n_pos, 2.5), np.full(n_neg, 2.5)),
+        "losses (cross-entropy scale)": (-rng.exponential(0.05, n_pos), -rng.exponential(1.0, n_neg)),
+    }
+    for name, (pos, neg) in cases.items():
+        assert auc(pos, neg) == pytest.approx(_sklearn_auc(pos, neg), abs=1e-12), name
+
+
+def test_mia_auc_is_the_class_weighted_mean_of_sklearns_per_class_auc() -> None:
+    rng = np.random.default_rng(7)
+    f_labels, t_labels = rng.integers(0, 4, 300), rng.integers(0, 5, 500)  # class 4 only in the test set
+    f_loss = np.round(rng.exponential(0.5, 300), 2)                       # rounded: ties occur
+    t_loss = np.round(rng.exponential(1.0, 500), 2)
+    per_class = [(np.sum(f_labels == c), _sklearn_auc(-f_loss[f_labels == c], -t_loss[t_labels == c]))
+                 for c in np.unique(f_labels)]
+    expected = 100 * sum(n * a for n, a in per_class) / sum(n for n, _ in per_class)
+    assert mia_auc(f_loss, f_labels, t_loss, t_labels) == pytest.approx(expected, abs=1e-9)

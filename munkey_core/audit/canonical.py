@@ -3,9 +3,11 @@
 The audit log hashes entries over this encoding, so anyone can re-compute a hash with any JCS
 library: object keys sorted by UTF-16 code units, no insignificant whitespace, UTF-8, strings
 escaped as ECMAScript's JSON.stringify does, numbers in ECMAScript's shortest round-trip form
-(1.0 -> "1", 1e-7 -> "1e-7", 1e21 -> "1e+21"). Only dict, list, str, int (|x| <= 2**53), float
-(finite), bool and None are accepted; anything else is a bug and raises TypeError / ValueError.
-Tests: tests/test_audit.py (RFC 8785 number vectors, round trip).
+(1.0 -> "1", 1e-7 -> "1e-7", 1e21 -> "1e+21"). Only dict, list, str, int (|x| <= 2**53 - 1, I-JSON's
+safe range), float (finite), bool and None are accepted; anything else is a bug and raises TypeError /
+ValueError.
+Tests: tests/test_audit.py (RFC 8785 number vectors, round trip), tests/test_canonical_oracle.py
+(byte for byte against the rfc8785 package).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import math
 from typing import Any
 
-_MAX_SAFE_INT = 2 ** 53
+_MAX_SAFE_INT = 2 ** 53 - 1  # as the rfc8785 package (our test oracle) refuses 2**53
 
 
 def _number(x: float) -> str:
@@ -51,7 +53,7 @@ def _encode(obj: Any, out: list[str]) -> None:
         out.append("false")
     elif isinstance(obj, int):
         if abs(obj) > _MAX_SAFE_INT:
-            raise ValueError(f"integer {obj} is too large for canonical JSON (limit 2**53)")
+            raise ValueError(f"integer {obj} is too large for canonical JSON (limit 2**53 - 1)")
         out.append(str(int(obj)))
     elif isinstance(obj, float):
         out.append(_number(obj))

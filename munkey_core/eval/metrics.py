@@ -8,7 +8,7 @@
 - `pathway_sensitivity`: Ps = |A_img - A_tok| / (A_both + eps), a ratio (not percent); lower is
   more balanced; the paper selects models with Ps <= 0.3.
 - `avg_gap`: mean absolute difference to an oracle over TA, RA, FA, MIA.
-Tests: tests/test_metrics.py.
+Tests: tests/test_metrics.py (auc and mia_auc against sklearn.metrics.roc_auc_score, ties included).
 """
 
 from __future__ import annotations
