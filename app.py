@@ -1,8 +1,9 @@
 """MUNKEY dashboard: `streamlit run app.py`. Builds the navigation from pages/ and opens the run once.
 
 The run directory is $MUNKEY_RUN (default runs/demo). When it holds no run yet, every page offers
-(and by default starts) training the demo run on digits ($MUNKEY_PROFILE, default cpu;
-MUNKEY_AUTOTRAIN=0 waits for a click).
+(and, when no operator credential is configured, starts) training the demo run on digits
+($MUNKEY_PROFILE, default cpu; MUNKEY_AUTOTRAIN=0/1 overrides; with a credential configured, the
+training button needs it). The server listens on localhost only (.streamlit/config.toml).
 """
 
 import streamlit as st

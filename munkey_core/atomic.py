@@ -70,5 +70,5 @@ def read_json(path: Path) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise MunkeyError(f"Missing file {path}. Is this a run directory made by 'munkey train'?") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
         raise MunkeyError(f"{path} is damaged ({type(exc).__name__}); restore the run from a backup.") from None

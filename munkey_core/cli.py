@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -67,7 +68,8 @@ def _add_forget(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("forget", help="delete training samples from a run (key deletion: instant, physical)")
     p.add_argument("run")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--ids", help="comma-separated sample ids, e.g. 12,40,41")
+    src.add_argument("--ids", action="append", help="comma-separated sample ids, e.g. 12,40,41 (repeatable: the "
+                     "lists are merged)")
     src.add_argument("--ids-file", help="text or CSV file of ids (one per line, or an 'id' column)")
     src.add_argument("--random-fraction", type=float, help="delete this random fraction of the bank")
     p.add_argument("--seed", type=int, default=0, help="seed for --random-fraction")
@@ -89,9 +91,16 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
     v = asub.add_parser("verify", help="re-compute the hash chain; name the first entry edited, removed, inserted "
                         "or reordered (exit status 1 when the log is not intact)")
     v.add_argument("run")
-    r = asub.add_parser("verify-receipt", help="check a receipt against the run's log (exit status 1 if invalid)")
+    r = asub.add_parser("verify-receipt", help="check a receipt's signature, and against the run's log when the run "
+                        "is given (exit status 1 if invalid)")
     r.add_argument("receipt", help="the receipt's .json file")
-    r.add_argument("run")
+    r.add_argument("run", nargs="?", default=None, help="the run folder (leave out to check with the public key only)")
+    for q in (v, r):
+        q.add_argument("--public-key", default=None, help="the operator's Ed25519 public key (64 hex digits, or a "
+                       "file holding it) that must have signed; see 'munkey audit key'")
+    k = asub.add_parser("key", help="print this machine's public signing key (the private key stays in the "
+                        "config folder, outside every run)")
+    k.add_argument("--json", action="store_true")
     s = asub.add_parser("show", help="list the log's entries")
     s.add_argument("run")
     i = asub.add_parser("receipt", help="(re-)issue the receipt of a logged request")
@@ -193,7 +202,9 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from munkey_core import service
     from munkey_core.keys import encoders as keys
+    from munkey_core.run.paths import check_new_run_dir
 
+    check_new_run_dir(args.out)  # before anything else: never overwrite a user's folder or file
     overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
                                                 "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
                                                 "seed", "exemplar_dim", "max_train", "inject_at")}
@@ -264,8 +275,8 @@ def cmd_forget(args: argparse.Namespace) -> int:
     opts = {"operator": args.operator, "subject": args.subject, "evaluate": not args.no_evaluate,
             "max_samples": args.max_samples, "source": source}
     try:
-        if args.ids is not None:
-            ids = parse_ids(args.ids, source="--ids")
+        if args.ids is not None:  # --ids given several times: one request naming every id
+            ids = parse_ids(",".join(args.ids), source="--ids")
         elif args.ids_file is not None:
             ids = read_ids_file(args.ids_file)
         run = MunkeyRun(args.run, device=args.device, audit_url=args.audit_url)
@@ -350,15 +361,27 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from munkey_core.audit import log as audit
     from munkey_core.audit import receipts
 
+    if args.audit_command == "key":
+        from munkey_core.audit import signing
+
+        s = signing.signer()
+        _emit({"public_key": s.public_key, "algorithm": signing.ALGORITHM, "key_file": str(s.path)}, args.json,
+              f"{s.public_key}\n(Ed25519 public key; the private key is {s.path}: keep it outside every run)")
+        return 0
+    trusted = None
+    if getattr(args, "public_key", None):
+        from munkey_core.audit.signing import parse_public_key
+
+        trusted = parse_public_key(args.public_key)
     if args.audit_command == "verify":
-        v = audit.verify_run(args.run, args.audit_url)
+        v = audit.verify_run(args.run, args.audit_url, trusted)
         d = v.as_dict()
         text = ("log intact" if v.ok else f"log NOT intact: {v.problem}") + f" ({v.location}): {v.message}"
         text += "".join(f"\nnote: {n}" for n in v.notes)
         _emit(d, args.json, text)
         return 0 if v.ok else 1
     if args.audit_command == "verify-receipt":
-        res = receipts.verify_receipt(receipts.load_receipt(args.receipt), args.run, args.audit_url)
+        res = receipts.verify_receipt(receipts.load_receipt(args.receipt), args.run, args.audit_url, trusted)
         text = ("receipt VALID" if res["ok"] else "receipt INVALID") + f" ({res['request_id']}): {res['message']}"
         _emit(res, args.json, text)
         return 0 if res["ok"] else 1
@@ -375,7 +398,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
                      "evidence_passed": (e.body.get("evidence") or {}).get("passed"),
                      "reason": e.body.get("reason"), "entry_hash": e.entry_hash} for e in entries]
             text = "\n".join(f"#{r['seq']:<4} {r['kind']:<9} {r['request_id']}  {r['received']}  {r['operator']}  "
-                             + (f"deleted {len(r['deleted'])}" if r["kind"] == "deletion" else f"({r['reason']})")
+                             + (f"deleted {len(r['deleted'])}" if r["kind"] == "deletion" else
+                                "(derived from another run; its deletions inherited)" if r["kind"] == "lineage"
+                                else f"({r['reason']})")
                              for r in rows) or "the log is empty"
             _emit({"entries": rows}, args.json, text)
             return 0
@@ -448,10 +473,16 @@ COMMANDS = {"unact": cmd_unact, "bench": cmd_bench, "train": cmd_train, "predict
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if "MUNKEY_UMASK" not in os.environ:  # run folders, logs, receipts and keys: owner-only by default
+        os.umask(0o077)
     try:
         return COMMANDS[args.command](args)
     except MunkeyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, whatever the message holds
+        return EXIT_USER_ERROR
+    except (RecursionError, MemoryError) as exc:  # absurd input that slipped past the checks: still one line
+        print(f"error: the input is too large or too deeply nested to process ({type(exc).__name__}); nothing "
+              "was changed.", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted; the run directory is unchanged or complete (writes are atomic)", file=sys.stderr)

@@ -31,8 +31,8 @@ from munkey_core.data.images import match_channels, read_image_file, resize_to
 from munkey_core.eval.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc, pathway_sensitivity
 from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
 from munkey_core.model.predict import Predictions, predict
-from munkey_core.run.paths import (FORMAT_VERSION, RunPaths, load_state_dict, open_run, read_config, read_forgotten,
-                                read_list)
+from munkey_core.run.paths import (FORMAT_VERSION, RunPaths, begin_new_run_dir, check_new_run_dir, end_new_run_dir,
+                                   load_state_dict, open_run, read_config, read_forgotten, read_list)
 from munkey_core.run.lock import RunLock
 from munkey_core.atomic import atomic_torch_save, atomic_write_json
 from munkey_core.training.train import TrainData, train_munkey
@@ -54,9 +54,7 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
 
     `exclude_classes` leaves those classes out of training entirely (a class oracle); `exclude_ids`
     leaves those training samples out (a random-forgetting oracle: the same recipe on the retain set)."""
-    out = Path(out)
-    if (out / "config.json").exists():
-        raise MunkeyError(f"{out} already holds a run. Choose another --out, or delete that directory first.")
+    out = check_new_run_dir(out)  # never overwrite a user's folder or file
     prof = resolve_profile(profile)
     overrides = dict(overrides or {})
     with_overrides(prof.model, overrides)  # a bad backbone option (e.g. inject_at) fails before any data is loaded
@@ -79,7 +77,7 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
         ds = dataclasses.replace(ds, train=ds.train.subset(keep_ids))
         train_keys = train_keys[keep_ids]
     model_cfg = with_overrides(prof.model, {**overrides, "in_chans": ds.channels, "num_classes": ds.num_classes})
-    out.mkdir(parents=True, exist_ok=True)
+    begin_new_run_dir(out)
     t0 = time.perf_counter()
     result = train_munkey(
         model_cfg, train_cfg,
@@ -91,6 +89,7 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
     write_run(out, result, ds, enc, prof.name, model_cfg, train_cfg, data_root=data_root, seconds=seconds,
               device=dev, extra={"exclude_classes": sorted(int(c) for c in exclude_classes),
                                  "excluded_ids": len(exclude_ids)})
+    end_new_run_dir(out)
     return MunkeyRun(out, device=device)
 
 

@@ -14,9 +14,11 @@ from munkey_core.run.rows import bank_stamp
 from munkey_core.service import MunkeyRun
 from typing import Callable, Sequence
 
-from munkey_core.dashboard.views import TrainingJob, display_image, training_images
+from munkey_core.dashboard.views import TrainingJob, credential_gate, display_image, training_images
 
 ROOT = Path(__file__).resolve().parents[1]
+if "MUNKEY_UMASK" not in os.environ:  # runs, logs and receipts the dashboard writes: owner-only
+    os.umask(0o077)
 DEFAULT_RUN = ROOT / "runs" / "demo"
 
 
@@ -92,14 +94,19 @@ def training_panel(path: Path) -> None:
     except MunkeyError as exc:
         st.error(str(exc), icon=":material/error:")
         return
-    autostart = os.environ.get("MUNKEY_AUTOTRAIN", "1") != "0"
+    token = configured_token()
+    # autostart: the demo (no operator credential configured), or when the server's starter asks for it
+    autostart = os.environ.get("MUNKEY_AUTOTRAIN", "1" if token is None else "0") != "0"
     if job.state == "idle" and autostart:
         job.start()
     if job.state in ("idle", "failed"):
         if job.state == "failed":
             st.error(job.error or "Training failed.", icon=":material/error:")
+        given = st.text_input("Operator credential (training writes the run folder)", type="password",
+                              key="train_credential") if token is not None else None
         if st.button("Train the demo run" if job.state == "idle" else "Try again", type="primary",
-                     key="train_start"):
+                     key="train_start", disabled=token is not None and not credential_gate.check(
+                         given, token, who="training panel")):
             job.start()
             st.rerun()
         return

@@ -19,7 +19,7 @@ from munkey_core.dashboard.classforget_job import ClassUnlearnJob
 from munkey_core.run.classifier import RESNET_PROFILES, classifier_runs_in, train_classifier_run
 from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.unact import UnActConfig
-from munkey_core.dashboard.views import TrainingJob, check_credential
+from munkey_core.dashboard.views import TrainingJob, credential_gate
 from pages._common import (IMAGE_TYPES, ROOT, configured_token, decoded_uploads, fmt, require_run, run_dir,
                            user_errors)
 
@@ -91,7 +91,10 @@ if not classifiers:
             st.error(job.error or "Training failed.", icon=":material/error:")
         st.caption(f"No ResNet-18 next to this run yet. Train one on `{run.config['dataset']}` to compare UnAct with "
                    "SSD and LFSSD (seconds on digits, minutes on larger data).")
-        if st.button("Train a ResNet-18 on the same data", key="train_resnet", icon=":material/model_training:"):
+        cred = st.text_input("Operator credential (training writes a new run folder)", type="password",
+                             key="resnet_credential", disabled=configured_token() is None)
+        if st.button("Train a ResNet-18 on the same data", key="train_resnet", icon=":material/model_training:",
+                     disabled=not credential_gate.check(cred, configured_token(), who="class page: training")):
             job.start()
             st.rerun()
 path = choices[label]
@@ -198,7 +201,7 @@ if default_out.is_relative_to(Path.cwd()):  # show what the user would type
     default_out = default_out.relative_to(Path.cwd())
 out = st.text_input("New run directory", str(default_out), key="class_out")
 c = st.columns(2)
-allowed = check_credential(given, token) and bool(operator.strip())
+allowed = credential_gate.check(given, token, who="class page: keep") and bool(operator.strip())
 if token is None:
     st.caption("Keeping needs an operator credential (MUNKEY_OPERATOR_TOKEN); you can still run and compare.")
 if c[0].button("Keep: save as a new run", key="class_keep", disabled=not allowed, icon=":material/save:"):

@@ -15,7 +15,7 @@ import streamlit as st
 
 from munkey_core.dashboard.auditviews import refuse_unauthorised
 from munkey_core.forget.ids import parse_ids
-from munkey_core.dashboard.views import (DeletionJob, check_credential, classify_ids, ids_from_bytes, metrics_table,
+from munkey_core.dashboard.views import (DeletionJob, classify_ids, credential_gate, ids_from_bytes, metrics_table,
                                similar_training_samples)
 from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, decoded_uploads, fmt, require_run, thumbnail_grid,
                            user_errors)
@@ -157,7 +157,7 @@ given = st.text_input("Operator credential", type="password", key="credential", 
 operator = st.text_input("Operator name (recorded in the audit log)", key="operator")
 subject = st.text_input("Data subject reference (optional, e.g. a case number; the log keeps only a keyed hash)",
                         key="subject")
-authorised = check_credential(given, token)
+authorised = credential_gate.check(given, token, who="deletion page")
 if token is not None and given and not authorised:
     st.warning("That credential is not accepted. You can preview, but not delete.", icon=":material/lock:")
 n = len(groups["in_bank"])
@@ -168,7 +168,7 @@ confirm = st.checkbox(f"I confirm the deletion of {n} training sample(s). This c
                       key="confirm", disabled=not ready)
 if st.button(f"Delete {n} sample(s)", type="primary", key="delete", disabled=not (ready and confirm),
              icon=":material/delete_forever:"):
-    if not check_credential(given, configured_token()):  # re-checked at the moment of deletion
+    if not credential_gate.check(given, configured_token(), who="deletion page"):  # re-checked at deletion
         rid = refuse_unauthorised(run, ids, operator.strip())
         st.error("Not authorised: the operator credential is missing or wrong. Nothing was deleted"
                  + (f"; the attempt is recorded as refused request {rid}." if rid else "."))

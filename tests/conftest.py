@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the operator's keys (signing, subject pseudonyms) of the test session: never the user's own
+os.environ.setdefault("MUNKEY_CONFIG_DIR", tempfile.mkdtemp(prefix="munkey-test-config-"))
 torch_threads = os.environ.get("MUNKEY_TEST_THREADS")
 
 

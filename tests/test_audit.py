@@ -74,7 +74,8 @@ def test_an_untouched_chain_verifies_and_links(tmp_path: Path) -> None:
     es = log.entries()
     assert es[0].prev_hash == audit.GENESIS
     assert all(b.prev_hash == a.entry_hash for a, b in zip(es, es[1:]))
-    assert json.loads((tmp_path / "audit_head.json").read_text()) == {"seq": 5, "hash": es[-1].entry_hash}
+    head = json.loads((tmp_path / "audit_head.json").read_text())
+    assert (head["seq"], head["hash"]) == (5, es[-1].entry_hash) and head["signature"]["algorithm"] == "ed25519"
     con = sqlite3.connect(tmp_path / "audit.sqlite", isolation_level=None)
     for sql in ("UPDATE audit_log SET kind = 'x'", "DELETE FROM audit_log"):
         with pytest.raises(sqlite3.IntegrityError, match="append-only"):

@@ -41,14 +41,14 @@ def test_deletion_survives_reload_and_deleted_ids_are_never_evidence(tiny_run: P
     assert not set(preds.neighbour_ids.ravel().tolist()) & set(victims)
 
 
-def test_interrupted_deletion_is_finished_on_open(tiny_run: Path) -> None:
+def test_ids_in_forgotten_json_without_a_journal_are_not_deleted_on_open(tiny_run: Path) -> None:
+    # only a journal commits a deletion (interrupted ones: tests/test_atomicity.py); an id written into
+    # forgotten.json by hand is reported by 'munkey audit verify', never deleted without a request
     run = MunkeyRun(tiny_run, device="cpu")
     victims = run.bank.ids[:3].tolist()
-    # simulate a crash after the intent was written but before the bank was saved
     (tiny_run / "forgotten.json").write_text(json.dumps({"ids": victims, "requests": []}))
     reopened = MunkeyRun(tiny_run, device="cpu")
-    assert not any(v in reopened.bank for v in victims)
-    assert not any(v in MunkeyRun(tiny_run, device="cpu").bank for v in victims)
+    assert all(v in reopened.bank for v in victims)
 
 
 def test_prepare_images_handles_gray_rgb_and_sizes(tiny_run: Path) -> None:

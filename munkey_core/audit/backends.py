@@ -18,6 +18,7 @@ Tests: tests/test_audit.py (SQLite), tests/test_postgres.py (a real PostgreSQL s
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,8 @@ class SqliteStore:
         self.description = f"sqlite:{self.path}"
         if not create and not self.path.exists():
             raise MunkeyError(f"The audit log {self.path} is missing; restore it from a backup.")
+        if create and not self.path.exists():  # owner-only from the start (SQLite's journal takes its mode)
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None)
             self.conn.execute("PRAGMA journal_mode=DELETE")

@@ -13,18 +13,19 @@ the head too, so a rewrite of the whole log is caught by any receipt issued befo
 The run is bound to its log in `audit.json` (run id, backend, where; never a password): SQLite
 `<run>/audit.sqlite` by default, PostgreSQL when a URL is given (`--audit-url` or
 $MUNKEY_AUDIT_URL) at the first request. Storage is in auditstore.py.
-Threat model: an unkeyed chain shows tampering by anyone who cannot also rewrite every later
-entry, the anchor and every receipt handed out; it is evidence, not a signature.
+Signatures: the anchor is signed (Ed25519) with the operator's key, kept outside the run
+(signing.py), and every entry names the public key that signs (`signer`): whoever can write the
+run but not read that key can no longer rewrite the end of the log unnoticed. An unsigned anchor
+is accepted only for a log no signing version wrote to ("older format"). Threat model and limits
+(a whole-folder rollback to an earlier signed state is caught by receipts, not by the log alone):
+docs/compliance_threat_model.md.
 Tests: tests/test_audit.py, tests/test_postgres.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
-import secrets
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -32,12 +33,14 @@ from pathlib import Path
 
 from munkey_core.audit.backends import SQLITE_NAME, PostgresStore, Row, SqliteStore, Store, describe_postgres
 from munkey_core.audit.canonical import canonical_bytes, canonical_json, sha256_hex
+from munkey_core.audit import signing
 from munkey_core.errors import MunkeyError
 from munkey_core.run.lock import crash_point
 from munkey_core.run.rows import bank_ids
 from munkey_core.atomic import atomic_write_json, fsync_dir, read_json
 
 LOG_FORMAT = "munkey-audit/1"
+HEAD_FORMAT = "munkey-audit-head/1"  # what a log head's signature covers
 GENESIS = "0" * 64
 BINDING_NAME = "audit.json"
 HEAD_NAME = "audit_head.json"
@@ -85,13 +88,15 @@ class Verification:
     head_hash: str | None = None
     first_bad_seq: int | None = None
     problem: str | None = None  # edited | removed | inserted | reordered | truncated | unanchored | inconsistent
+    #                             | unsigned | forged
     message: str = ""
     notes: list[str] = field(default_factory=list)
+    signed_by: str | None = None  # the public key (hex) whose signature on the head was checked
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "log": self.location, "entries": self.entries, "head_seq": self.head_seq,
                 "head_hash": self.head_hash, "first_bad_seq": self.first_bad_seq, "problem": self.problem,
-                "message": self.message, "notes": list(self.notes)}
+                "message": self.message, "notes": list(self.notes), "signed_by": self.signed_by}
 
 
 def _parse(row: Row) -> dict | None:
@@ -204,12 +209,20 @@ class AuditLog:
         return next((e for e in self.entries() if e.request_id == request_id), None)
 
     def subject_ref(self, subject: str | None) -> str | None:
-        """A pseudonymous reference for a data subject: a keyed hash with this run's secret salt, so the
-        log never holds the name or case number itself, yet the same subject maps to the same ref."""
-        if subject is None or not str(subject).strip():
-            return None
-        salt = bytes.fromhex(self.binding["subject_salt"])
-        return "hmac-sha256:" + hmac.new(salt, str(subject).strip().encode("utf-8"), hashlib.sha256).hexdigest()[:32]
+        """A pseudonymous reference for a data subject: a keyed hash under the operator's subject key,
+        kept outside the run (signing.py), so the log never holds the name or case number and whoever
+        reads the run cannot test guesses; the same subject maps to the same ref under one key."""
+        return signing.subject_ref(subject, self.root)
+
+    def signer_key(self) -> str:
+        """The public key (hex) that signs this log's heads and receipts from this machine; recorded in
+        the run's binding the first time it signs here."""
+        key = signing.signer(self.root).public_key
+        known = list(self.binding.get("signing_keys", []))
+        if key not in known:
+            self.binding = {**self.binding, "signing_keys": known + [key]}
+            atomic_write_json(self.root / BINDING_NAME, self.binding)
+        return key
 
     # ----- writing ----------------------------------------------------------------------
     def append(self, body: dict) -> Entry:
@@ -236,7 +249,11 @@ class AuditLog:
         return Entry(row.seq, row.prev_hash, row.entry_hash, body)
 
     def _anchor(self, seq: int, hash_: str) -> None:
-        atomic_write_json(self.root / HEAD_NAME, {"seq": seq, "hash": hash_})
+        key = self.signer_key()
+        head = {"seq": seq, "hash": hash_, "run_id": self.run_id}
+        head["signature"] = signing.signer(self.root).sign(head_message(self.run_id, seq, hash_))
+        assert head["signature"]["public_key"] == key
+        atomic_write_json(self.root / HEAD_NAME, head)
         pending = self.root / PENDING_NAME
         if pending.exists():
             pending.unlink()
@@ -255,8 +272,35 @@ class AuditLog:
             fsync_dir(self.root)
 
     # ----- verification -----------------------------------------------------------------
-    def verify(self) -> Verification:
-        """Re-compute every hash and link, then compare the end of the chain with the run's anchor."""
+    def _check_head_signature(self, anchor: dict, rows: list[Row], head_row: Row, trusted_key: str | None,
+                              v: Verification) -> str | None:
+        """None when the anchor's signature holds (or the log is of the older, unsigned format);
+        else what is wrong."""
+        sig = anchor.get("signature")
+        signers = _named_signers([r for r in rows if r.seq <= head_row.seq])
+        if sig is None:
+            if trusted_key is None and not signers:
+                v.notes.append("the log head is unsigned (older format); it is signed from the next request on")
+                return None
+            return ("the log head (audit_head.json) is unsigned, but this log is signed: it was replaced or "
+                    "edited")
+        ok, why = signing.verify_signature(sig, head_message(self.run_id, head_row.seq, head_row.entry_hash),
+                                           trusted_key)
+        if not ok:
+            return f"the log head's signature is not valid ({why}): audit_head.json was edited or forged"
+        head_body = _parse(head_row) or {}
+        named = head_body.get("signer")
+        if isinstance(named, str) and trusted_key is None and named != sig.get("public_key"):
+            return "the log head is signed by another key than the one its newest entry names"
+        v.signed_by = str(sig.get("public_key"))
+        return None
+
+
+    def verify(self, trusted_key: str | None = None) -> Verification:
+        """Re-compute every hash and link, then compare the end of the chain with the run's anchor and
+        check the anchor's signature: by `trusted_key` (hex) when given, else by the key the head entry
+        names. An unsigned anchor is accepted only for a log that no signing version wrote to (older
+        format), and then said so in a note."""
         rows = self.rows()
         v = Verification(ok=True, location=self.location, entries=len(rows))
         if rows:
@@ -279,6 +323,11 @@ class AuditLog:
             if row.entry_hash != anchor.get("hash"):
                 return _fail(v, row.seq, "edited", f"entry #{row.seq} was rewritten: its hash differs from the one "
                              "the run recorded for it (audit_head.json)")
+            bad_sig = self._check_head_signature(anchor, rows, row, trusted_key, v)
+            if bad_sig is not None:
+                return _fail(v, row.seq, "unsigned" if "unsigned" in bad_sig else "forged", bad_sig)
+        elif trusted_key is not None and rows:
+            return _fail(v, rows[-1].seq, "unsigned", "the log has no signed head (audit_head.json is missing)")
         extra = [r for r in rows if r.seq > anchored_seq]
         if extra:
             in_flight = (len(extra) == 1 and pending is not None and pending.get("seq") == extra[0].seq
@@ -293,6 +342,20 @@ class AuditLog:
         v.message = (f"intact: {len(rows)} {_plural(len(rows))}, head #{v.head_seq} {v.head_hash}" if rows
                      else "intact: the log is empty")
         return v
+
+
+def head_message(run_id: str, seq: int, hash_: str) -> bytes:
+    """The bytes a log head's signature covers."""
+    return canonical_bytes({"format": HEAD_FORMAT, "run_id": run_id, "seq": seq, "hash": hash_})
+
+
+def _named_signers(rows: list[Row]) -> list[str]:
+    out = []
+    for r in rows:
+        body = _parse(r) or {}
+        if isinstance(body.get("signer"), str):
+            out.append(body["signer"])
+    return out
 
 
 def _fail(v: Verification, seq: int, problem: str, message: str) -> Verification:
@@ -329,8 +392,12 @@ def open_log(root: str | Path, url: str | None = None, *, create: bool = False) 
     new = not binding_path.exists()
     if not new:
         binding = read_json(binding_path)
-        if not isinstance(binding, dict) or not {"run_id", "backend", "location", "subject_salt"} <= set(binding):
+        if not isinstance(binding, dict) or not {"run_id", "backend", "location"} <= set(binding):
             raise MunkeyError(f"{binding_path} is damaged; restore the run directory from a backup.")
+        if create and "subject_salt" in binding:  # older format: the pseudonym key lay beside the log
+            binding = {k: v for k, v in binding.items() if k != "subject_salt"}
+            binding["subject_key"] = "kept outside the run since " + now_utc()
+            atomic_write_json(binding_path, binding)
     else:
         if sqlite_path.exists() or (root / HEAD_NAME).exists():
             raise MunkeyError(f"{binding_path} is missing, but this run has an audit log; restore the run "
@@ -338,7 +405,7 @@ def open_log(root: str | Path, url: str | None = None, *, create: bool = False) 
         if not create:
             return None
         binding = {"format": 1, "run_id": str(uuid.uuid4()), "created": now_utc(),
-                   "subject_salt": secrets.token_hex(16),
+                   "subject_key": "kept outside the run",
                    "backend": "postgresql" if url and _is_postgres(url) else "sqlite",
                    "location": describe_postgres(url) if url and _is_postgres(url) else SQLITE_NAME}
         if url and not _is_postgres(url):
@@ -364,16 +431,32 @@ def open_log(root: str | Path, url: str | None = None, *, create: bool = False) 
     return AuditLog(store, binding, root)
 
 
-def verify_run(root: str | Path, url: str | None = None) -> Verification:
-    """Verify the run's chain and anchor, then that the run agrees with it: every id the log says was
-    deleted is gone from the bank and listed in forgotten.json, and every id in forgotten.json has
-    its log entry (ids of a deletion still in progress excepted)."""
-    from munkey_core.run.paths import read_forgotten, RunPaths
+LINEAGE_KIND = "lineage"  # the first entry of a run derived from another: anchors the parent's log
+
+
+def logged_deletions(entries: list[Entry]) -> set[int]:
+    """Every id the log records as deleted: by this run's deletions, or inherited from the run it was
+    derived from (a lineage entry)."""
+    deleted: set[int] = set()
+    for e in entries:
+        if e.kind == "deletion":
+            deleted.update(int(s["id"]) for s in e.body.get("samples", []))
+        elif e.kind == LINEAGE_KIND:
+            deleted.update(int(i) for i in e.body.get("inherited_deleted_ids", []))
+    return deleted
+
+
+def verify_run(root: str | Path, url: str | None = None, trusted_key: str | None = None) -> Verification:
+    """Verify the run's chain, its signed anchor, then that the run agrees with it: every id the log
+    says was deleted is gone from the bank file and from every checkpoint row file, and listed in
+    forgotten.json; every id in forgotten.json has its log entry (ids of a deletion still in progress
+    excepted). A directory that is not a run is an error, not an empty log."""
+    from munkey_core.run.paths import open_run, read_config, read_forgotten
+    from munkey_core.run.rows import checkpoint_ids_present
 
     root = Path(root)
-    if not root.is_dir():
-        raise MunkeyError(f"Run directory {root} does not exist.")
-    paths = RunPaths(root)
+    paths = open_run(root)  # raises MunkeyError for a folder that is not a run
+    read_config(paths)
     log = open_log(root, url)
     forgotten = set(int(i) for i in read_forgotten(paths)["ids"])
     if log is None:
@@ -381,15 +464,14 @@ def verify_run(root: str | Path, url: str | None = None) -> Verification:
         if forgotten:
             return _fail(v, 0, "inconsistent", f"{len(forgotten)} sample(s) are deleted (forgotten.json) but the run "
                          "has no audit log recording them")
+        if trusted_key is not None:
+            return _fail(v, 0, "unsigned", "the run has no audit log, so nothing is signed")
         return v
     with log:
-        v = log.verify()
+        v = log.verify(trusted_key)
         if not v.ok:
             return v
-        deleted = set()
-        for e in log.entries():
-            if e.kind == "deletion":
-                deleted.update(int(s["id"]) for s in e.body.get("samples", []))
+        deleted = logged_deletions(log.entries())
     journal = root / "journal.json"
     pending = set(int(i) for i in read_json(journal).get("ids", [])) if journal.exists() else set()
     if pending:
@@ -397,15 +479,25 @@ def verify_run(root: str | Path, url: str | None = None) -> Verification:
                        "when the run is next opened")
     unlogged = sorted(forgotten - deleted - pending)
     if unlogged:
-        return _fail(v, 0, "inconsistent", f"{len(unlogged)} deleted sample(s) have no log entry: "
-                     + ", ".join(map(str, unlogged[:10])))
+        return _fail(v, 0, "inconsistent", f"{len(unlogged)} deleted sample(s) (forgotten.json) have no log entry: "
+                     + ", ".join(map(str, unlogged[:10])) + "; forgotten.json was edited, or a deletion was not "
+                     "recorded. Nothing was deleted for them")
     unlisted = sorted(deleted - forgotten)
     if unlisted:
         return _fail(v, 0, "inconsistent", f"the log records {len(unlisted)} deletion(s) that forgotten.json lacks: "
                      + ", ".join(map(str, unlisted[:10])))
-    back = sorted(set(bank_ids(paths.root).tolist()) & (deleted - pending))
+    settled = deleted - pending
+    back = sorted(set(bank_ids(paths.root).tolist()) & settled)
     if back:
         return _fail(v, 0, "inconsistent", f"{len(back)} sample(s) the log records as deleted are in the memory bank "
-                     "again: " + ", ".join(map(str, back[:10])))
-    v.message += f"; the run agrees with it ({len(deleted)} deleted sample(s), none in the bank)"
+                     "again (bank.store restored from an older copy?): " + ", ".join(map(str, back[:10]))
+                     + "; file the deletion again to remove them")
+    in_ckpts, n_ckpts = checkpoint_ids_present(paths.checkpoints, sorted(settled))
+    if in_ckpts:
+        name, ids = next(iter(in_ckpts.items()))
+        return _fail(v, 0, "inconsistent", f"checkpoint rows of {sum(map(len, in_ckpts.values()))} sample(s) the log "
+                     f"records as deleted are back ({name}: " + ", ".join(map(str, ids[:10]))
+                     + "); a row file was restored from an older copy: file the deletion again to remove them")
+    v.message += (f"; the run agrees with it ({len(deleted)} deleted sample(s), none in the bank or in "
+                  f"{n_ckpts} checkpoint(s))")
     return v

@@ -1,10 +1,13 @@
 """Deletion receipts: a JSON document and a readable HTML page per request, checkable against the log.
 
 A receipt holds the whole log entry (its body, seq, prev_hash and entry_hash), the log's head
-(seq, hash) at the moment it was issued, and `receipt_sha256` over the rest of it (canonical
-JSON). `verify_receipt` checks, in order: the receipt is unaltered; its entry hashes to the hash
-it claims; the run's log is intact (audit.verify_run); the log still holds this very entry; and
-the log still holds the head the receipt saw (so nothing up to it was rewritten since).
+(seq, hash) at the moment it was issued, `receipt_sha256` over the rest of it (canonical JSON), the
+operator's public key, and an Ed25519 signature over every other field (format 2; refusals get one
+too). `verify_receipt` checks, in order: the receipt is unaltered and its signature holds (offline:
+only the public key is needed); its entry hashes to the hash it claims; and, given the run, the
+run's log is intact (log.verify_run); the log still holds this very entry; and the log still holds
+the head the receipt saw (so nothing up to it was rewritten since). Receipts of format 1 (older,
+unsigned) verify as "unsigned (older format)".
 Files: `<run>/receipts/<request_id>.json` and `.html` (self-contained, no external resources).
 Tests: tests/test_audit.py.
 """
@@ -16,27 +19,40 @@ import json
 from pathlib import Path
 
 from munkey_core import __version__
+from munkey_core.audit import signing
 from munkey_core.audit.log import AuditLog, Entry, entry_hash, now_utc, open_log, verify_run
 from munkey_core.audit.canonical import canonical_bytes, sha256_hex
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_bytes, atomic_write_json
 
-RECEIPT_FORMAT = "munkey-receipt/1"
+RECEIPT_FORMAT = "munkey-receipt/2"  # signed (Ed25519)
+LEGACY_FORMAT = "munkey-receipt/1"  # unsigned, older versions: verified as "unsigned (older format)"
+FORMATS = (RECEIPT_FORMAT, LEGACY_FORMAT)
 RECEIPTS_DIR = "receipts"
+MAX_RECEIPT_BYTES = 8 * 1024 * 1024  # a receipt file larger than this is refused before it is read
+
+
+def signed_content(receipt: dict) -> bytes:
+    """What a receipt's signature covers: every field but the signature itself (canonical JSON)."""
+    return canonical_bytes({k: v for k, v in receipt.items() if k != "signature"})
 
 
 def build_receipt(log: AuditLog, entry: Entry) -> dict:
-    """The receipt for `entry`, carrying the log's current head."""
+    """The receipt for `entry`, carrying the log's current head, signed with the operator's key (every
+    field is covered: change any one, even `issued`, and the signature fails)."""
     head = log.head()
+    key = signing.signer(log.root).public_key
     receipt = {
         "receipt_format": RECEIPT_FORMAT, "issued": now_utc(), "software": f"munkey-core {__version__}",
         "request_id": entry.request_id, "run_id": log.run_id,
         "log": f"{log.binding['backend']}:{log.binding['location']}",  # never a password or an absolute path
         "entry": {"seq": entry.seq, "prev_hash": entry.prev_hash, "entry_hash": entry.entry_hash, "body": entry.body},
         "log_head": {"seq": head.seq, "hash": head.entry_hash} if head else None,
-        "how_to_verify": "munkey audit verify-receipt RECEIPT.json RUN_DIR",
+        "public_key": key,
+        "how_to_verify": "munkey audit verify-receipt RECEIPT.json [RUN_DIR] --public-key KEY",
     }
     receipt["receipt_sha256"] = sha256_hex(canonical_bytes(receipt))
+    receipt["signature"] = signing.signer(log.root).sign(signed_content(receipt))
     return receipt
 
 
@@ -58,43 +74,109 @@ def issue(root: str | Path, log: AuditLog, entry: Entry) -> tuple[Path, Path]:
 
 
 def load_receipt(path: str | Path) -> dict:
-    """A receipt JSON file; a missing, binary or malformed file raises MunkeyError."""
+    """A receipt JSON file; a missing, huge, binary, deeply nested or malformed file raises MunkeyError."""
     path = Path(path)
     if not path.is_file():
         raise MunkeyError(f"The receipt {path} does not exist.")
+    if path.stat().st_size > MAX_RECEIPT_BYTES:
+        raise MunkeyError(f"{path} is too large to be a receipt (over {MAX_RECEIPT_BYTES // (1024 * 1024)} MB).")
+    return parse_receipt(path.read_bytes(), str(path))
+
+
+def parse_receipt(data: bytes, name: str = "receipt") -> dict:
+    """A receipt from bytes (a file or an upload), checked for its shape; MunkeyError if it is not one."""
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise MunkeyError(f"{path} is not a receipt (it is not JSON text); give the .json file of a receipt.") from None
-    if not isinstance(data, dict) or data.get("receipt_format") != RECEIPT_FORMAT:
-        raise MunkeyError(f"{path} is not a MUNKEY deletion receipt ({RECEIPT_FORMAT}).")
-    return data
+        data_ = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise MunkeyError(f"{name} is not a receipt (it is not JSON text of a sane depth); give the .json file of "
+                          "a receipt.") from None
+    if not isinstance(data_, dict) or data_.get("receipt_format") not in FORMATS:
+        raise MunkeyError(f"{name} is not a MUNKEY deletion receipt ({RECEIPT_FORMAT}).")
+    problem = _shape_problem(data_)
+    if problem:
+        raise MunkeyError(f"{name} is a malformed receipt: {problem}.")
+    return data_
 
 
-def verify_receipt(receipt: dict, root: str | Path, url: str | None = None) -> dict:
-    """Check a receipt against the run's log; returns {ok, request_id, seq, message, checks}."""
+def _shape_problem(r: dict) -> str | None:
+    """What is wrong with a receipt's structure (types of the fields verification reads), or None."""
+    def is_hash(x) -> bool:
+        return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
+
+    def is_seq(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and 0 < x < 2 ** 53
+
+    e = r.get("entry")
+    if not isinstance(r.get("run_id"), str) or not isinstance(r.get("request_id"), str):
+        return "run_id and request_id must be strings"
+    if not isinstance(e, dict) or not isinstance(e.get("body"), dict):
+        return "its entry is missing"
+    if not is_seq(e.get("seq")) or not is_hash(e.get("prev_hash")) or not is_hash(e.get("entry_hash")):
+        return "its entry's seq, prev_hash or entry_hash is malformed"
+    head = r.get("log_head")
+    if head is not None and (not isinstance(head, dict) or not is_seq(head.get("seq")) or not is_hash(head.get("hash"))):
+        return "its log_head is malformed (expected {seq, hash})"
+    if not is_hash(r.get("receipt_sha256")):
+        return "its receipt_sha256 is malformed"
+    if r.get("receipt_format") == RECEIPT_FORMAT and (not isinstance(r.get("signature"), dict)
+                                                     or not isinstance(r.get("public_key"), str)):
+        return "it has no signature (a signed receipt format)"
+    try:
+        canonical_bytes(r)
+    except (TypeError, ValueError, RecursionError):
+        return "it holds values canonical JSON cannot encode"
+    return None
+
+
+def verify_receipt(receipt: dict, root: str | Path | None = None, url: str | None = None,
+                   trusted_key: str | None = None) -> dict:
+    """Check a receipt: its hash and signature (offline, with the public key only), its entry's hash,
+    then, when a run is given, that the run's log is intact and still holds this entry and the head the
+    receipt saw. Returns {ok, signed, request_id, seq, message, checks}; never raises on a bad receipt."""
     checks: list[dict] = []
+    problem = _shape_problem(receipt) if isinstance(receipt, dict) else "not a JSON object"
+    signed = isinstance(receipt, dict) and receipt.get("receipt_format") == RECEIPT_FORMAT
 
     def result(ok: bool, message: str) -> dict:
-        e = receipt.get("entry") if isinstance(receipt.get("entry"), dict) else {}
-        return {"ok": ok, "request_id": receipt.get("request_id"), "seq": e.get("seq"), "message": message,
+        e = receipt.get("entry") if isinstance(receipt, dict) and isinstance(receipt.get("entry"), dict) else {}
+        rid = receipt.get("request_id") if isinstance(receipt, dict) else None
+        return {"ok": ok, "signed": signed, "request_id": rid, "seq": e.get("seq"), "message": message,
                 "checks": checks}
 
-    claimed = receipt.get("receipt_sha256")
-    rest = {k: v for k, v in receipt.items() if k != "receipt_sha256"}
-    try:
-        intact = claimed == sha256_hex(canonical_bytes(rest))
-        e = receipt["entry"]
-        entry_ok = entry_hash(receipt["run_id"], int(e["seq"]), e["prev_hash"], e["body"]) == e["entry_hash"]
-    except (KeyError, TypeError, ValueError):
-        return result(False, "the receipt is malformed: fields are missing")
+    if problem:
+        return result(False, f"the receipt is malformed: {problem}")
+    e = receipt["entry"]
+    rest = {k: v for k, v in receipt.items() if k not in ("receipt_sha256", "signature")}
+    intact = receipt["receipt_sha256"] == sha256_hex(canonical_bytes(rest))
     checks.append({"check": "receipt unaltered (receipt_sha256)", "ok": intact})
     if not intact:
         return result(False, "the receipt was altered after it was issued (receipt_sha256 does not match)")
+    if signed:
+        ok, why = signing.verify_signature(receipt["signature"], signed_content(receipt), trusted_key)
+        ok = ok and receipt["signature"].get("public_key") == receipt["public_key"]
+        checks.append({"check": "signature over every field (Ed25519)", "ok": ok, "detail": why})
+        if not ok:
+            return result(False, f"the receipt's signature is not valid: {why}")
+        named = e["body"].get("signer")
+        if isinstance(named, str) and named != receipt["public_key"]:
+            checks.append({"check": "signed by the key its log entry names", "ok": False})
+            return result(False, "the receipt is signed by another key than the one its log entry names")
+    elif trusted_key is not None or e["body"].get("signer") is not None:
+        checks.append({"check": "signature over every field (Ed25519)", "ok": False})
+        return result(False, "the receipt is unsigned, but its entry was written by a signing version (or a "
+                      "trusted key was given): it was stripped of its signature")
+    try:
+        entry_ok = entry_hash(receipt["run_id"], e["seq"], e["prev_hash"], e["body"]) == e["entry_hash"]
+    except (TypeError, ValueError, RecursionError):
+        entry_ok = False
     checks.append({"check": "entry hash re-computed from its content", "ok": entry_ok})
     if not entry_ok:
         return result(False, "the receipt's entry does not hash to the entry_hash it claims")
-    v = verify_run(root, url)
+    how = (f"signed by key {receipt['public_key']}" + (" (the trusted key)" if trusted_key else "")
+           if signed else "unsigned (older format): its hashes hold, but nothing proves who issued it")
+    if root is None:
+        return result(True, f"valid offline: entry #{e['seq']}, {how}; give the run to check it against the log")
+    v = verify_run(root, url, trusted_key)
     checks.append({"check": "the run's audit log is intact", "ok": v.ok})
     if not v.ok:
         return result(False, f"the run's audit log is not intact: {v.message}")
@@ -106,19 +188,19 @@ def verify_receipt(receipt: dict, root: str | Path, url: str | None = None) -> d
             checks.append({"check": "receipt belongs to this run", "ok": False})
             return result(False, f"the receipt is for run {receipt['run_id']}, this run is {log.run_id}")
         by_seq = {x.seq: x for x in log.entries()}
-    found = by_seq.get(int(e["seq"]))
+    found = by_seq.get(e["seq"])
     held = found is not None and found.entry_hash == e["entry_hash"]
     checks.append({"check": f"the log holds entry #{e['seq']} with this hash", "ok": held})
     if not held:
         return result(False, f"the log no longer holds this receipt's entry #{e['seq']}: it was removed or replaced")
     head = receipt.get("log_head") or {}
-    head_entry = by_seq.get(int(head.get("seq", -1)))
+    head_entry = by_seq.get(head.get("seq", -1))
     head_ok = head_entry is not None and head_entry.entry_hash == head.get("hash")
     checks.append({"check": f"the log still holds the head #{head.get('seq')} seen when the receipt was issued",
                    "ok": head_ok})
     if not head_ok:
         return result(False, f"the log was rewritten after this receipt was issued: entry #{head.get('seq')} differs")
-    return result(True, f"valid: entry #{e['seq']} of an intact log ({v.entries} entries, head #{v.head_seq})")
+    return result(True, f"valid: entry #{e['seq']} of an intact log ({v.entries} entries, head #{v.head_seq}); {how}")
 
 
 # --------------------------------------------------------------------------- HTML
@@ -239,7 +321,9 @@ def render_html(receipt: dict) -> str:
         ("Log head when issued", _Raw(f"#{e(str(head.get('seq')))} <code>{e(str(head.get('hash')))}</code>")),
         ("Receipt issued (UTC)", receipt.get("issued")),
         ("Receipt sha256", _Raw(f"<code>{e(str(receipt.get('receipt_sha256')))}</code>")),
-    ]) + "<p>To check this receipt against the run's audit log: <code>munkey audit verify-receipt "
-        f"{e(receipt['request_id'])}.json RUN_DIR</code>. The JSON file is the authoritative receipt; this page "
-        "shows it.</p></body></html>")
+        ("Signed by (Ed25519 public key)", _Raw(f"<code>{e(str(receipt.get('public_key')))}</code>")
+         if receipt.get("signature") else "unsigned (older format)"),
+    ]) + "<p>To check this receipt with only the operator's public key: <code>munkey audit verify-receipt "
+        f"{e(receipt['request_id'])}.json --public-key KEY</code>; against the run's audit log too: add the run "
+        "folder. The JSON file is the authoritative receipt; this page shows it.</p></body></html>")
     return "".join(parts)

@@ -63,14 +63,9 @@ def receipt_documents(run: MunkeyRun, request_id: str) -> tuple[bytes, bytes]:
 
 def check_receipt_bytes(run: MunkeyRun, data: bytes, name: str = "receipt") -> dict:
     """verify_receipt for an uploaded receipt file (processed in memory, never stored)."""
-    try:
-        receipt = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise MunkeyError(f"{name} is not a receipt (it is not JSON text); upload the .json file of a receipt."
-                          ) from None
-    if not isinstance(receipt, dict) or receipt.get("receipt_format") != receipts.RECEIPT_FORMAT:
-        raise MunkeyError(f"{name} is not a MUNKEY deletion receipt ({receipts.RECEIPT_FORMAT}).")
-    return receipts.verify_receipt(receipt, run.paths.root, run.audit_url)
+    if len(data) > receipts.MAX_RECEIPT_BYTES:
+        raise MunkeyError(f"{name} is too large to be a receipt.")
+    return receipts.verify_receipt(receipts.parse_receipt(data, name), run.paths.root, run.audit_url)
 
 
 def refuse_unauthorised(run: MunkeyRun, ids: list[int], operator: str) -> str | None:

@@ -17,7 +17,12 @@ Tests: tests/test_views.py.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import logging
+import secrets
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -152,6 +157,61 @@ def check_credential(given: str | None, expected: str | None) -> bool:
     if not expected or not given:
         return False
     return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+
+
+class CredentialGate:
+    """The operator check with failed attempts logged and slowed: each distinct wrong credential is
+    logged (logger "munkey.auth", never the value itself) and answered only after a delay that doubles
+    with every failure in the last `window` seconds (from `base_delay`, at most `max_delay`); after
+    `lockout` failures in the window every attempt is refused without comparing, until it passes.
+    One gate per process (the dashboard's `credential_gate`), so every session counts towards it."""
+
+    def __init__(self, *, base_delay: float = 0.5, max_delay: float = 8.0, lockout: int = 20,
+                 window: float = 900.0, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.base_delay, self.max_delay, self.lockout, self.window = base_delay, max_delay, lockout, window
+        self._sleep, self._clock = sleep, clock
+        self._failures: list[float] = []
+        self._seen: dict[str, bool] = {}  # keyed digest of a recently checked value -> its outcome
+        self._salt = secrets.token_bytes(16)
+        self._mutex = threading.Lock()
+        self.log = logging.getLogger("munkey.auth")
+
+    def recent_failures(self) -> int:
+        now = self._clock()
+        with self._mutex:
+            self._failures = [t for t in self._failures if now - t < self.window]
+            return len(self._failures)
+
+    def check(self, given: str | None, expected: str | None, *, who: str = "dashboard") -> bool:
+        """True when `given` is the configured credential. A value already judged is answered as before
+        (a page re-runs on every click); a new wrong one is logged, counted and slowed."""
+        if not expected or not given:
+            return False
+        digest = hmac.new(self._salt, given.encode("utf-8"), hashlib.sha256).hexdigest()
+        if digest in self._seen:  # judged already (a rerun of the page): no new attempt, no new delay
+            return check_credential(given, expected)
+        failures = self.recent_failures()
+        if failures >= self.lockout:
+            self.log.warning("operator credential refused without checking (%s): %d failed attempts in the last "
+                             "%d s", who, failures, int(self.window))
+            return False
+        ok = check_credential(given, expected)
+        if ok:
+            self._seen[digest] = True
+            return True
+        with self._mutex:
+            self._failures.append(self._clock())
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[digest] = False
+        self.log.warning("failed operator credential attempt (%s); %d in the last %d s", who, failures + 1,
+                         int(self.window))
+        self._sleep(min(self.max_delay, self.base_delay * 2 ** failures))
+        return False
+
+
+credential_gate = CredentialGate()  # the dashboard's, shared by every session of the process
 
 
 def latest_metrics(run: MunkeyRun, *, current_only: bool = False) -> dict | None:

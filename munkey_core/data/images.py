@@ -7,6 +7,7 @@ uploads. Uploads are decoded from bytes in memory and never written to disk.
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,35 @@ from PIL import Image, UnidentifiedImageError
 from munkey_core.errors import MunkeyError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".npy")
+MAX_PIXELS = 40_000_000  # width x height of one image (e.g. 6300 x 6300): larger ones are refused before decoding
+MAX_IMAGE_BYTES = 64 * 1024 * 1024  # an image file larger than this is refused before it is read
+
+
+def _npy_array(data: bytes, name: str) -> np.ndarray:
+    """An NPY file's array, its header checked first: a header that claims more pixels than
+    MAX_PIXELS, a non-numeric dtype or more bytes than the file holds is refused before allocating."""
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(buf, max_header_size=10_000)
+    except (ValueError, SyntaxError, TypeError, EOFError) as exc:
+        raise MunkeyError(f"{name} is not a readable image (NPY header: {exc}); use PNG, JPEG, BMP, TIFF or "
+                          "NPY.") from None
+    if dtype.hasobject or dtype.kind not in "biuf":
+        raise MunkeyError(f"{name} holds {dtype} values, not pixels; an NPY image holds numbers.")
+    count = int(np.prod(shape, dtype=object)) if shape else 1
+    channels = shape[-1] if len(shape) == 3 and shape[-1] in (1, 2, 3, 4) else (shape[0] if len(shape) == 3 else 1)
+    if len(shape) not in (2, 3) or count // max(int(channels), 1) > MAX_PIXELS:
+        raise MunkeyError(f"{name} declares an array of shape {tuple(shape)}: not an (H, W) or (H, W, C) image of "
+                          f"at most {MAX_PIXELS} pixels. Use a smaller image.")
+    if count * dtype.itemsize > len(data) - buf.tell():
+        raise MunkeyError(f"{name} is truncated: its header declares {tuple(shape)} {dtype} values but the file is "
+                          "shorter. Use an intact file.")
+    buf.seek(0)
+    return np.load(buf, allow_pickle=False)
+
+
 _DECODE_ERRORS = (UnidentifiedImageError, Image.DecompressionBombError, OSError, EOFError, ValueError, SyntaxError,
                   TypeError)
 
@@ -66,13 +96,21 @@ def decode_image(data: bytes, name: str = "upload") -> np.ndarray:
     """Bytes of an image file -> (H, W, C) uint8; an empty or damaged file raises MunkeyError."""
     if not data:
         raise MunkeyError(f"{name} is empty; use a PNG, JPEG, BMP, TIFF or NPY image.")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise MunkeyError(f"{name} is larger than an image may be ({MAX_IMAGE_BYTES // (1024 * 1024)} MB).")
     try:
-        if name.lower().endswith(".npy") or data[:6] == b"\x93NUMPY":
-            arr = np.load(io.BytesIO(data), allow_pickle=False)
-            if not isinstance(arr, np.ndarray):
-                raise ValueError("an .npz archive, not a single .npy array")
-            return as_hwc(arr)
-        with Image.open(io.BytesIO(data)) as im:
+        if data[:6] == b"\x93NUMPY":
+            return as_hwc(_npy_array(data, name))
+        if name.lower().endswith(".npy"):
+            raise MunkeyError(f"{name} is not an NPY file (no NPY header); use PNG, JPEG, BMP, TIFF or NPY.")
+        with warnings.catch_warnings():  # our own limit below speaks instead of PIL's warning
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))  # reads the header only: the pixel limit comes before decoding
+        with im:
+            w, h = im.size
+            if w * h > MAX_PIXELS:
+                raise MunkeyError(f"{name} is {w} x {h} pixels, more than an image may have ({MAX_PIXELS} pixels); "
+                                  "use a smaller image. It was not decoded.")
             return as_hwc(pil_to_array(im))
     except Image.DecompressionBombError:
         raise MunkeyError(f"{name} declares an image too large to decode safely; use a smaller image.") from None
@@ -86,6 +124,10 @@ def read_image_file(path: str | Path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise MunkeyError(f"Image file {path} does not exist.")
+    size = path.stat().st_size
+    if size > MAX_IMAGE_BYTES:
+        raise MunkeyError(f"{path} is {size / 1e6:.0f} MB, larger than an image may be "
+                          f"({MAX_IMAGE_BYTES // (1024 * 1024)} MB); use a smaller image.")
     return decode_image(path.read_bytes(), str(path))
 
 

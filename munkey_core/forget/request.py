@@ -1,17 +1,24 @@
 """The deletion protocol: one request -> bank, checkpoints, forgotten.json, audit entry and receipt,
-all or nothing, one process at a time.
+all or nothing, one request at a time.
 
-Under the run's exclusive lock (runlock.py), a request is validated against the bank and the
-audit log (a tampered log refuses it; an unknown or missing id refuses it and the refusal is
-logged). Everything the log entry needs from *before* the change (per-sample fingerprints, model
-and bank fingerprints, metrics) is gathered, then `journal.json` is written atomically: that
-write is the commit point, and the journal is the pending audit entry. Then, in order and each
-step idempotent: forgotten.json, every checkpoint's row file, the bank store (each purged in place:
-O(#ids) bytes written, durable on return; runstore.py), the post-deletion evidence (and
-evaluation), the audit entry (skipped if the log already holds this request id), the receipt;
-the journal is removed last. A crash before the commit point leaves the run as it was; after it,
-the next open of the run (or the next request) finishes the journal ("roll forward"), so the run
-is always wholly before or wholly after a request. The crash points named in CRASH_STEPS let
+A request holds the run's deletion lock (`.deletion.lock`) from start to end, so requests queue;
+the run lock (run/lock.py) is held exclusively only for three short sections, so readers (predict,
+evidence, opening the run) never wait for an evaluation:
+1. validate (exclusive): against the bank and the audit log (a tampered log refuses it; an unknown,
+   missing or out-of-range id refuses it, and the refusal is logged with a signed receipt);
+2. the evaluation before (no exclusive lock: the bank cannot change, only a deletion changes it);
+3. commit and apply (exclusive): `journal.json` is written atomically (the commit point; the
+   journal is the pending audit entry), then, each step idempotent: forgotten.json, every
+   checkpoint's row file, the bank store (each purged in place: O(#ids) bytes, durable on return);
+4. the evidence and evaluation after (no exclusive lock);
+5. record (exclusive): the audit entry (skipped if the log already holds this request id), the
+   receipt; the journal is removed last.
+A crash before the commit point leaves the run as it was; after it, the next open of the run (or
+the next request) finishes the journal ("roll forward"), so the run is always wholly before or
+wholly after a request. A journal whose request still runs (its process holds the deletion lock)
+is never finished by anyone else. Only a journal commits a deletion: ids that forgotten.json lists
+but the bank holds (a stale file copied back, an id added by hand) are never deleted on open;
+`munkey audit verify` reports them. The crash points named in CRASH_STEPS let
 tests/test_atomicity.py SIGKILL a deletion at each step.
 Nothing in the journal, the log or a receipt is a vector: only ids, hashes and metrics.
 """
@@ -19,6 +26,7 @@ Nothing in the journal, the log or a receipt is a vector: only ids, hashes and m
 from __future__ import annotations
 
 import getpass
+import hashlib
 import secrets
 import warnings
 import time
@@ -30,14 +38,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from munkey_core import __version__
 from munkey_core.audit import receipts
-from munkey_core.audit.log import BINDING_NAME, PENDING_NAME, AuditLog, now_utc, open_log
+from munkey_core.audit.log import LINEAGE_KIND, PENDING_NAME, AuditLog, now_utc, open_log, verify_run
 from munkey_core.audit.canonical import plain
 from munkey_core.errors import MunkeyError
 from munkey_core.forget.evidence import (ORACLE_NOTE, own_keys, request_accuracy_and_mia,
                                   retrieval_evidence, sample_fingerprints)
 from munkey_core.eval.metrics import MIA_CHEAP
-from munkey_core.run.paths import read_forgotten
-from munkey_core.run.lock import RunLock, crash_point
+from munkey_core.run.paths import RunPaths, is_run, read_forgotten
+from munkey_core.run.lock import DELETION_LOCK_NAME, RunLock, crash_point, deletion_in_progress, pause_point
 from munkey_core.run.rows import purge_checkpoint_rows
 from munkey_core.atomic import atomic_write_json, fsync_dir, read_json
 
@@ -49,6 +57,8 @@ JOURNAL_NAME = "journal.json"
 METHOD = "key_deletion"  # the log's method field also admits "unact" and "retrain" (not implemented yet)
 CRASH_STEPS = ("validated", "journal", "forgotten", "checkpoint", "checkpoints", "bank", "evaluated",
                "audit-pending", "audit-committed", "audit-head", "receipt")
+MAX_ID = 2 ** 63 - 1  # ids are int64
+REFUSAL_IDS_KEPT = 100  # ids a refusal's log entry lists (with the count and a hash of all)
 _METRIC_KEYS = ("TA", "RA", "FA", "MIA", "Ps", "A_img", "A_tok", "n_test", "n_retain", "n_forget", "bank_size",
                 "deleted", "time", "MIA_attack", "bank_fingerprint")
 
@@ -142,10 +152,24 @@ def _refused_body(log: AuditLog, request_id: str, *, operator: str | None, subje
     return plain({
         "kind": "refused", "request_id": request_id, "run_id": log.run_id, "dataset": _dataset_name(log.root),
         "operator": operator, "subject_ref": log.subject_ref(subject), "received": received, "executed": None,
-        "method": METHOD, "source": source, "reason": reason,
-        "requested_ids": None if requested_ids is None else [int(i) for i in requested_ids],
-        "software": f"munkey-core {__version__}",
+        "method": METHOD, "source": source, "reason": reason, **_requested_summary(requested_ids),
+        "software": f"munkey-core {__version__}", "signer": log.signer_key(),
     })
+
+
+def _requested_summary(ids: Sequence[int] | None) -> dict:
+    """What a refusal records of the ids it names: the first REFUSAL_IDS_KEPT (ids beyond 2**53, which
+    canonical JSON cannot hold as numbers, as decimal strings), their count, and a hash of them all,
+    so a huge request cannot bloat the log."""
+    if ids is None:
+        return {"requested_ids": None}
+    ids = [int(i) for i in ids]
+    kept = [i if 0 <= i < 2 ** 53 else str(i) for i in ids[:REFUSAL_IDS_KEPT]]
+    out: dict = {"requested_ids": kept}
+    if len(ids) > REFUSAL_IDS_KEPT:
+        out["requested_count"] = len(ids)
+        out["requested_ids_sha256"] = hashlib.sha256(",".join(map(str, ids)).encode("ascii")).hexdigest()
+    return out
 
 
 def record_refusal(root: str | Path, *, reason: str, operator: str | None, subject: str | None = None,
@@ -154,7 +178,7 @@ def record_refusal(root: str | Path, *, reason: str, operator: str | None, subje
     """Log a request refused before it reached `forget` (malformed ids, damaged run...). Only when the
     directory is a run and its log is intact; returns the request id, or None when not recorded."""
     root = Path(root)
-    if not root.is_dir() or not ((root / "config.json").exists() or (root / BINDING_NAME).exists()):
+    if not is_run(root):  # never write into a directory that is not a run
         return None
     op = None if operator is None else "".join(c for c in str(operator) if c.isprintable())[:200] or None
     try:
@@ -166,7 +190,9 @@ def record_refusal(root: str | Path, *, reason: str, operator: str | None, subje
                     return None
                 body = _refused_body(log, new_request_id(), operator=op, subject=subject, received=now_utc(),
                                      reason=reason, requested_ids=requested_ids, source=source)
-                return log.append(body).request_id
+                entry = log.append(body)
+                receipts.issue(root, log, entry)
+                return entry.request_id
     except MunkeyError:
         return None
 
@@ -177,59 +203,83 @@ def record_refusal(root: str | Path, *, reason: str, operator: str | None, subje
 def forget(run: "MunkeyRun", ids: Sequence[int], *, operator: str | None = None, subject: str | None = None,
            evaluate: bool = False, max_samples: int = 2000, source: str = "ids",
            progress: Progress | None = None) -> ForgetResult:
-    """File and execute one deletion request (see the module docstring)."""
+    """File and execute one deletion request (see the module docstring).
+
+    The whole request holds the run's deletion lock (requests queue on it); the run lock is held
+    exclusively only for the short sections that validate, commit and apply, and append the entry.
+    The evaluations before and after run outside them, on a bank that cannot change meanwhile (only
+    a deletion changes it, and this one holds the deletion lock), so readers never wait for them."""
     report = progress or _noop
     received, request_id = now_utc(), new_request_id()
     operator = check_operator(operator)
-    with run.lock, run.runlock.hold(exclusive=True):
+    with RunLock(run.paths.root, DELETION_LOCK_NAME).hold(exclusive=True):
         log = open_log(run.paths.root, run.audit_url, create=True)
         with log:
-            log.settle()
-            run._reload_if_changed()
-            if (run.paths.root / JOURNAL_NAME).exists():  # another process's interrupted deletion
-                finish(run, log, read_json(run.paths.root / JOURNAL_NAME), recovered=True)
-            check = log.verify()
-            if not check.ok:
-                raise MunkeyError(f"The audit log is not intact ({check.message}). Nothing was deleted and the request "
-                                  f"was not recorded. Run 'munkey audit verify {run.paths.root}' and restore the log "
-                                  "from a backup.")
+            with run.lock, run.runlock.hold(exclusive=True):  # 1. validate (milliseconds)
+                log.settle()
+                run._reload_if_changed()
+                if (run.paths.root / JOURNAL_NAME).exists():  # an interrupted deletion: nobody else runs one
+                    finish(run, log, read_json(run.paths.root / JOURNAL_NAME), recovered=True)
+                check = log.verify()
+                if not check.ok:
+                    raise MunkeyError(f"The audit log is not intact ({check.message}). Nothing was deleted and the "
+                                      "request was not recorded. Run 'munkey audit verify "
+                                      f"{run.paths.root}' and restore the log from a backup.")
 
-            def refuse(reason: str, requested: Sequence[int] | None) -> None:
-                log.append(_refused_body(log, request_id, operator=operator, subject=subject, received=received,
-                                         reason=reason, requested_ids=requested, source=source))
-                raise RefusedRequest(f"{reason} Nothing was deleted; the refused request {request_id} is recorded "
-                                     "in the audit log.", request_id)
+                def refuse(reason: str, requested: Sequence[int] | None) -> None:
+                    entry = log.append(_refused_body(log, request_id, operator=operator, subject=subject,
+                                                     received=received, reason=reason, requested_ids=requested,
+                                                     source=source))
+                    receipts.issue(run.paths.root, log, entry)
+                    raise RefusedRequest(f"{reason} Nothing was deleted; the refused request {request_id} is "
+                                         "recorded in the audit log.", request_id)
 
-            try:
-                ids = [int(i) for i in dict.fromkeys(int(i) for i in ids)]
-            except (TypeError, ValueError):
-                refuse("The request holds malformed ids; ids are non-negative integers.", None)
-            if not ids:
-                refuse("The deletion request names no sample id.", [])
-            done = set(run.forgotten_ids)
-            unknown = [i for i in ids if i not in done and i not in run.bank]
-            if unknown:
-                shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
-                refuse(f"{len(unknown)} id(s) are not training samples of this run: {shown}.", ids)
-            todo = [i for i in ids if i not in done]
-            already = [i for i in ids if i in done]
+                try:
+                    ids = [int(i) for i in dict.fromkeys(int(i) for i in ids)]
+                except (TypeError, ValueError, OverflowError):
+                    refuse("The request holds malformed ids; ids are non-negative integers.", None)
+                if not ids:
+                    refuse("The deletion request names no sample id.", [])
+                bad = [i for i in ids if not 0 <= i <= MAX_ID]
+                if bad:
+                    refuse(f"{len(bad)} id(s) are not non-negative integers within int64.", ids)
+                done = set(run.forgotten_ids)
+                unknown = [i for i in ids if i not in done and i not in run.bank]
+                if unknown:
+                    shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
+                    refuse(f"{len(unknown)} id(s) are not training samples of this run: {shown}.", ids)
+                # an id deleted earlier whose row is in the bank again (a restored file) is deleted again
+                todo = [i for i in ids if i not in done or i in run.bank]
+                already = [i for i in ids if i not in todo]
             journal = _prepare(run, log, request_id, ids, todo, already, operator=operator, subject=subject,
                                received=received, source=source, evaluate=evaluate, max_samples=max_samples,
-                               progress=report)
-            keys = own_keys(run, ids)  # in memory only: the deleted keys are never written anywhere
-            crash_point("validated")
-            t0 = time.perf_counter()  # the deletion proper: from the commit point to the bank saved
-            atomic_write_json(run.paths.root / JOURNAL_NAME, journal)  # the commit point
-            crash_point("journal")
-            report("deleting", 0.45)
+                               progress=report)  # 2. the evaluation before (readers go on)
+            with run.lock, run.runlock.hold(exclusive=True):  # 3. commit and apply (milliseconds)
+                keys = own_keys(run, ids)  # in memory only: the deleted keys are never written anywhere
+                crash_point("validated")
+                t0 = time.perf_counter()  # the deletion proper: from the commit point to the bank saved
+                atomic_write_json(run.paths.root / JOURNAL_NAME, journal)  # the commit point
+                crash_point("journal")
+                report("deleting", 0.45)
+                try:
+                    apply_journal(run, journal)
+                except (MunkeyError, OSError) as exc:
+                    raise _unfinished(request_id, exc) from None
+                seconds = time.perf_counter() - t0
             try:
-                return finish(run, log, journal, keys=keys, t0=t0, progress=report)
+                measured = _measure_after(run, journal, keys, report)  # 4. the evaluation after (readers go on)
+                with run.lock, run.runlock.hold(exclusive=True):  # 5. the audit entry and receipt
+                    return _record(run, log, journal, measured, seconds=seconds, progress=report)
             except (MunkeyError, OSError) as exc:
-                detail = str(exc) if isinstance(exc, MunkeyError) else f"{exc.strerror or exc}."
-                raise UnfinishedRequest(
-                    f"The deletion request {request_id} is committed but could not be finished now: {detail} It is "
-                    "not refused and need not be filed again: once that is fixed, the next open of the run (or "
-                    "the next request) finishes it.", request_id) from None
+                raise _unfinished(request_id, exc) from None
+
+
+def _unfinished(request_id: str, exc: BaseException) -> UnfinishedRequest:
+    detail = str(exc) if isinstance(exc, MunkeyError) else f"{getattr(exc, 'strerror', None) or exc}."
+    return UnfinishedRequest(
+        f"The deletion request {request_id} is committed but could not be finished now: {detail} It is not "
+        "refused and need not be filed again: once that is fixed, the next open of the run (or the next "
+        "request) finishes it.", request_id)
 
 
 def _prepare(run: "MunkeyRun", log: AuditLog, request_id: str, ids: list[int], todo: list[int],
@@ -271,7 +321,9 @@ def apply_journal(run: "MunkeyRun", journal: dict) -> None:
         atomic_write_json(run.paths.forgotten, fg)
     run.forgotten = fg
     crash_point("forgotten")
-    purge_checkpoint_rows(run.paths.checkpoints, todo, on_file=lambda _: crash_point("checkpoint"))
+    # every id the request names: a checkpoint row restored after an earlier deletion goes too
+    purge_checkpoint_rows(run.paths.checkpoints, [int(i) for i in journal.get("requested", todo)],
+                          on_file=lambda _: crash_point("checkpoint"))
     crash_point("checkpoints")
     present = [i for i in todo if i in run.bank]
     if present:
@@ -281,16 +333,23 @@ def apply_journal(run: "MunkeyRun", journal: dict) -> None:
 
 def finish(run: "MunkeyRun", log: AuditLog, journal: dict, *, keys=None, recovered: bool = False,
            t0: float | None = None, progress: Progress | None = None) -> ForgetResult:
-    """Roll a committed journal forward: files, evidence, audit entry, receipt; then drop the journal."""
+    """Roll a committed journal forward in one go (recovery; the caller holds the run lock exclusively):
+    files, evidence, audit entry, receipt; then drop the journal."""
     report = progress or _noop
-    rid = journal["request_id"]
-    todo, requested = [int(i) for i in journal["ids"]], [int(i) for i in journal["requested"]]
     apply_journal(run, journal)
-    executed = now_utc()
     seconds = time.perf_counter() - t0 if t0 is not None else 0.0
+    measured = _measure_after(run, journal, keys, report, recovered=recovered)
+    return _record(run, log, journal, measured, seconds=seconds, progress=report)
+
+
+def _measure_after(run: "MunkeyRun", journal: dict, keys, report: Progress, recovered: bool = False) -> dict:
+    """The post-deletion evidence and (when asked) evaluation, as parts of the audit entry's body."""
+    todo, requested = [int(i) for i in journal["ids"]], [int(i) for i in journal["requested"]]
+    executed = now_utc()
     report("checking", 0.5)
     if keys is None:
         keys = own_keys(run, requested)
+    pause_point("evaluating")
     ev = retrieval_evidence(run, requested, keys)
     bank_fp = run.bank.fingerprint()
     after, req = None, {}
@@ -311,23 +370,34 @@ def finish(run: "MunkeyRun", log: AuditLog, journal: dict, *, keys=None, recover
     notes = [n for n in [journal.get("samples_note")] if n]
     if recovered:
         notes.append("finished when the run was next opened, after the process filing it was interrupted")
+    return {"executed": executed, "evidence": ev, "bank_after": {"fingerprint": bank_fp, "size": len(run.bank)},
+            "model_after": run.model_fingerprint, "after": _metrics(after), "after_source": source_a,
+            "recovered": recovered, "notes": notes}
+
+
+def _record(run: "MunkeyRun", log: AuditLog, journal: dict, m: dict, *, seconds: float,
+            progress: Progress) -> ForgetResult:
+    """Append the audit entry (unless the log holds it already), issue the receipt, drop the journal."""
+    rid = journal["request_id"]
+    todo, requested = [int(i) for i in journal["ids"]], [int(i) for i in journal["requested"]]
     body = plain({
         "kind": "deletion", "request_id": rid, "run_id": log.run_id, "dataset": run.config.get("dataset"),
         "operator": journal["operator"], "subject_ref": journal["subject_ref"], "received": journal["received"],
-        "executed": executed, "method": METHOD, "source": journal["source"], "requested_ids": requested,
+        "executed": m["executed"], "method": METHOD, "source": journal["source"], "requested_ids": requested,
         "samples": journal["samples"], "already_deleted": journal["already_deleted"],
-        "model": {"before": journal["model_before"], "after": run.model_fingerprint},
-        "bank": {"before": journal["bank_before"], "after": {"fingerprint": bank_fp, "size": len(run.bank)}},
+        "model": {"before": journal["model_before"], "after": m["model_after"]},
+        "bank": {"before": journal["bank_before"], "after": m["bank_after"]},
         "metrics": {"before": journal["metrics_before"], "before_source": journal["metrics_before_source"],
-                    "after": _metrics(after), "after_source": source_a},
-        "evidence": ev, "recovered": recovered, "notes": notes, "software": f"munkey-core {__version__}",
+                    "after": m["after"], "after_source": m["after_source"]},
+        "evidence": m["evidence"], "recovered": m["recovered"], "notes": m["notes"],
+        "software": f"munkey-core {__version__}", "signer": log.signer_key(),
     })
     entry = log.find(rid) or log.append(body)
     js, page = receipts.issue(run.paths.root, log, entry)
     crash_point("receipt")
     (run.paths.root / JOURNAL_NAME).unlink(missing_ok=True)
     fsync_dir(run.paths.root)
-    report("done", 1.0)
+    progress("done", 1.0)
     return ForgetResult(todo, [int(i) for i in journal["already_deleted"]], len(run.bank), seconds, rid, str(js),
                         str(page), entry.seq, entry.entry_hash, entry.body)
 
@@ -335,23 +405,14 @@ def finish(run: "MunkeyRun", log: AuditLog, journal: dict, *, keys=None, recover
 # --------------------------------------------------------------------------- recovery
 
 
-def _legacy_journal(run: "MunkeyRun", ids: list[int]) -> dict:
-    """A journal for ids that forgotten.json lists but the bank still holds (a deletion interrupted
-    by a version without journals)."""
-    return plain({
-        "format": 1, "request_id": new_request_id(), "ids": ids, "requested": ids, "already_deleted": [],
-        "operator": "unknown (deletion interrupted before this version; finished by recovery)",
-        "subject_ref": None, "received": now_utc(), "source": "forgotten.json", "evaluate": False, "max_samples": 0,
-        "samples": sample_fingerprints(run, ids)[0], "samples_note": None, "model_before": run.model_fingerprint,
-        "bank_before": {"fingerprint": run.bank.fingerprint(), "size": len(run.bank)}, "metrics_before": None,
-        "metrics_before_source": "not evaluated (recovery)", "request_FA_before": None,
-    })
-
-
 def needs_recovery(run: "MunkeyRun") -> bool:
+    """An interrupted request to finish: a journal (or audit append) whose process is gone. Only a
+    journal commits a deletion: ids in forgotten.json that the bank holds (a stale bank.store copied
+    back, an id added by hand) are never deleted on open; `munkey audit verify` reports them."""
     root = run.paths.root
-    return ((root / JOURNAL_NAME).exists() or (root / PENDING_NAME).exists()
-            or any(i in run.bank for i in run.forgotten_ids) or bool(_stray_temp_files(root)))
+    if deletion_in_progress(root):  # a live request owns the journal (it is being evaluated)
+        return False
+    return (root / JOURNAL_NAME).exists() or (root / PENDING_NAME).exists() or bool(_stray_temp_files(root))
 
 
 def recover(run: "MunkeyRun") -> None:
@@ -359,9 +420,8 @@ def recover(run: "MunkeyRun") -> None:
     When the log cannot be reached, the files are still finished and the entry waits in the journal."""
     root = run.paths.root
     journal_path = root / JOURNAL_NAME
-    legacy = [i for i in run.forgotten_ids if i in run.bank]
-    if not journal_path.exists() and legacy:
-        atomic_write_json(journal_path, _legacy_journal(run, legacy))
+    if deletion_in_progress(root):
+        return
     try:
         log = open_log(root, run.audit_url, create=journal_path.exists())
     except MunkeyError as exc:
@@ -383,3 +443,42 @@ def _stray_temp_files(root: Path) -> list[Path]:
     """Temporary files left by an atomic write that was killed before its rename."""
     return [p for d in (root, root / "checkpoints", root / receipts.RECEIPTS_DIR) if d.is_dir()
             for p in d.glob(".*.tmp")]
+
+
+# --------------------------------------------------------------------------- derived runs
+
+
+def start_derived_log(parent: str | Path, child: str | Path, *, method: str, operator: str | None = None,
+                      url: str | None = None) -> str | None:
+    """Begin the audit log of a run derived from `parent` (a class edit saved as a new run) with a
+    lineage entry: the parent's run id and log head (seq, hash), and every id the child inherits as
+    deleted. The child's log then accounts for its forgotten.json and verifies; the parent's log
+    (and its receipts) stay where they are. The parent must verify first. Returns the entry's request
+    id, or None when there is nothing to inherit (no log, no deletion)."""
+    parent, child = Path(parent), Path(child)
+    v = verify_run(parent, url)
+    if not v.ok:
+        raise MunkeyError(f"The run {parent} does not verify ({v.message}); a run derived from it would inherit an "
+                          f"unaccounted audit trail. Run 'munkey audit verify {parent}' first. Nothing was saved.")
+    inherited = sorted(int(i) for i in read_forgotten(RunPaths(child))["ids"])
+    plog = open_log(parent, url)
+    if plog is None and not inherited:
+        return None
+    head, parent_run_id, location = None, None, None
+    if plog is not None:
+        with plog:
+            h = plog.head()
+            head = None if h is None else {"seq": h.seq, "hash": h.entry_hash}
+            parent_run_id, location = plog.run_id, plog.location.split(":", 1)[0]
+    with RunLock(child).hold(exclusive=True):
+        log = open_log(child, url, create=True)
+        with log:
+            body = plain({
+                "kind": LINEAGE_KIND, "request_id": new_request_id(), "run_id": log.run_id,
+                "dataset": _dataset_name(child), "operator": check_operator(operator), "received": now_utc(),
+                "method": method, "parent": {"run_id": parent_run_id, "log_head": head, "log_backend": location,
+                                             "folder": parent.resolve().name},
+                "inherited_deleted_ids": inherited, "software": f"munkey-core {__version__}",
+                "signer": log.signer_key(),
+            })
+            return log.append(body).request_id

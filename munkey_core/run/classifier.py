@@ -27,7 +27,7 @@ from munkey_core.config import TrainConfig, from_dict, resolve_device, resolve_p
 from munkey_core.errors import MunkeyError
 from munkey_core.data.images import match_channels, resize_to
 from munkey_core.model.munkey_vit import preprocess_images
-from munkey_core.run.paths import FORMAT_VERSION, load_state_dict
+from munkey_core.run.paths import FORMAT_VERSION, begin_new_run_dir, check_new_run_dir, end_new_run_dir, load_state_dict
 from munkey_core.atomic import atomic_torch_save, atomic_write_json, read_json
 from munkey_core.training.torchfix import odd_batch_guard
 from munkey_core.training.train import cosine_schedule, random_shift
@@ -132,9 +132,7 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
                          extra_config: dict | None = None, exclude_ids: Sequence[int] = ()) -> "ClassifierRun":
     """Train a ResNet-18 or plain ViT on a registry dataset into `out`, optionally without some classes
     (a class oracle) or without some training sample ids (a random-forgetting oracle, a reference model)."""
-    out = Path(out)
-    if (out / "config.json").exists():
-        raise MunkeyError(f"{out} already holds a run. Choose another --out, or delete that directory first.")
+    out = check_new_run_dir(out)  # never overwrite a user's folder or file
     dev = resolve_device(device)
     base = with_overrides(resolve_profile(profile).train, dict(overrides or {}))
     ds = data_mod.load_dataset(dataset, data_root, download=download, seed=base.seed,
@@ -152,7 +150,7 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
                                       val=(ds.val.images[keep_val], ds.val.labels[keep_val]), device=dev,
                                       progress=progress, on_epoch=on_epoch)
     seconds = time.perf_counter() - t0
-    out.mkdir(parents=True, exist_ok=True)
+    begin_new_run_dir(out)
     atomic_torch_save(out / "model.pt", model.state_dict())
     atomic_write_json(out / "history.json", history)
     atomic_write_json(out / "config.json", {
@@ -164,6 +162,7 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
         "train_size": int(keep_train.sum()),
         "train_seconds": round(seconds, 1), "device": str(dev), **(extra_config or {}),
     })
+    end_new_run_dir(out)
     return ClassifierRun(out, device=device)
 
 

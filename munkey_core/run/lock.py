@@ -26,6 +26,7 @@ from typing import Iterator
 from munkey_core.errors import MunkeyError
 
 LOCK_NAME = ".lock"
+DELETION_LOCK_NAME = ".deletion.lock"  # held for a whole deletion request, its evaluation included
 
 
 def crash_point(step: str) -> None:
@@ -34,11 +35,40 @@ def crash_point(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def pause_point(step: str) -> None:
+    """Test hook: when $MUNKEY_PAUSE_AT == step, create `$MUNKEY_PAUSE_FILE.reached` and wait (at most
+    120 s) while $MUNKEY_PAUSE_FILE exists, so a test can act while a request stands at this step."""
+    if os.environ.get("MUNKEY_PAUSE_AT") != step or not os.environ.get("MUNKEY_PAUSE_FILE"):
+        return
+    flag = Path(os.environ["MUNKEY_PAUSE_FILE"])
+    Path(f"{flag}.reached").touch()
+    deadline = time.monotonic() + 120
+    while flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def deletion_in_progress(root: str | Path) -> bool:
+    """True while a live process holds the run's deletion lock: a journal.json then belongs to a request
+    still running (being evaluated), not to an interrupted one; nobody else may finish it."""
+    path = Path(root) / DELETION_LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return False
+
+
 class RunLock:
     """flock(2) on <root>/.lock: shared for readers, exclusive for writers; re-entrant per object."""
 
-    def __init__(self, root: str | Path) -> None:
-        self.path = Path(root) / LOCK_NAME
+    def __init__(self, root: str | Path, name: str = LOCK_NAME) -> None:
+        self.path = Path(root) / name
         self._guard = threading.RLock()
         self._fd: int | None = None
         self._depth = 0

@@ -14,7 +14,8 @@
     audit_pending.json  only while an append is in flight
     journal.json      only while a deletion is in flight: the commit point and the pending audit entry
     receipts/         <request id>.json and .html per request
-    .lock             the inter-process lock file (flock; runlock.py)
+    .lock             the inter-process lock file (flock; run/lock.py)
+    .deletion.lock    held by a deletion request from start to end (requests queue on it)
 
 This is format 2 (config.json "format"); a format-1 run (bank.npz, exemplar rows inside each
 epoch_NNN.pt) is migrated when first opened (runstore.py). Every file is written atomically, except
@@ -91,12 +92,75 @@ def open_run(path: str | Path) -> RunPaths:
 
 
 def read_config(paths: RunPaths) -> dict:
-    """The run's config.json, checked for the fields every command needs."""
+    """The run's config.json, checked for the fields every command needs and for a format this
+    version reads (a newer run is refused before anything is written to it)."""
     cfg = read_json(paths.config)
+    if not isinstance(cfg, dict):
+        raise MunkeyError(f"{paths.config} is not a run's config (not a JSON object); {paths.root} is not a run "
+                          "directory made by 'munkey train'.")
     missing = [k for k in ("dataset", "model", "train", "encoder", "class_names") if k not in cfg]
     if missing:
         raise MunkeyError(f"{paths.config} lacks {', '.join(missing)}; the run directory is damaged.")
+    fmt = cfg.get("format", 1)
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or not 1 <= fmt <= FORMAT_VERSION:
+        raise MunkeyError(f"{paths.root} is a run of format {fmt!r}; this version reads formats 1 to "
+                          f"{FORMAT_VERSION}. Nothing was changed.")
     return cfg
+
+
+def is_run(path: str | Path) -> bool:
+    """True when `path` is a MUNKEY run directory this version reads (the files every run has, a
+    config.json of a known format): the test a command passes before it writes anything there."""
+    try:
+        read_config(open_run(path))
+    except MunkeyError:
+        return False
+    return True
+
+
+TRAINING_MARKER = ".munkey-training"  # in a run folder while its training runs; removed at the end
+
+
+def check_new_run_dir(out: str | Path) -> Path:
+    """Refuse an output folder that would overwrite anything: `out` must not exist, or be an empty
+    folder, or one an interrupted training of ours left (it holds TRAINING_MARKER and no config.json).
+    Called before any work, so a refusal costs nothing and changes nothing."""
+    out = Path(out)
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise MunkeyError(f"{out} is a file, not a folder; give a new folder for the run. Nothing was changed.")
+        ours = (out / TRAINING_MARKER).is_file() and not (out / "config.json").exists()
+        if not ours and any(out.iterdir()):
+            what = "already holds a run" if (out / "config.json").exists() else "is not empty"
+            raise MunkeyError(f"{out} {what}; give a new (or empty) folder for the run. Nothing was changed.")
+    return out
+
+
+def begin_new_run_dir(out: str | Path) -> Path:
+    """Create the (checked) run folder, owner-only, and mark it as a training in progress."""
+    out = check_new_run_dir(out)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (out / TRAINING_MARKER).touch(mode=0o600)
+    return out
+
+
+def end_new_run_dir(out: str | Path) -> None:
+    """The run is complete: drop the in-progress marker and make every file owner-only."""
+    (Path(out) / TRAINING_MARKER).unlink(missing_ok=True)
+    make_private(out)
+
+
+def make_private(root: str | Path) -> None:
+    """Restrict a run directory to its owner: folders 0700, files 0600 (a run holds training data's
+    fingerprints, its audit log and receipts)."""
+    root = Path(root)
+    for p in [root, *root.rglob("*")]:
+        if p.is_symlink():
+            continue
+        try:
+            p.chmod(0o700 if p.is_dir() else 0o600)
+        except OSError:
+            pass
 
 
 def read_forgotten(paths: RunPaths) -> dict:

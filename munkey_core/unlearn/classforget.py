@@ -344,32 +344,50 @@ class ClassEditor:
     def save(self, out: str | Path, model: torch.nn.Module, request: ClassRequest, *,
              operator: str | None = None) -> Path:
         """Write the edited model as a new run at `out` (the original run stays untouched)."""
-        out = Path(out)
-        if out.exists() and any(out.iterdir()):
-            raise MunkeyError(f"{out} already exists and is not empty; choose another --out.")
+        from munkey_core.run.paths import check_new_run_dir, make_private
+
+        out = check_new_run_dir(out)  # a new or empty folder only: never a user's files
         if out.resolve() == self.root.resolve():
             raise MunkeyError("The edited model is saved as a new run; --out must differ from the run.")
-        out.mkdir(parents=True, exist_ok=True)
         config = dict(self.run.config)
         lineage = list(config.get("edits", [])) + [{"method": request.method, "class": request.cls,
                                                     "from_run": str(self.root), "n_images": request.n_images,
                                                     "details": request.details, "Af": request.after.Af,
                                                     "Ar": request.after.Ar, "Delta": request.delta}]
         config["edits"] = lineage
-        if self.kind == "munkey":
-            with self.run.runlock.hold(exclusive=False):  # no deletion of the source while copying
-                runstore.write_bank(out / runstore.BANK_STORE, runstore.load_bank(self.root))
-                for name in ("forgotten.json", "history.json"):
-                    if (self.root / name).exists():
-                        shutil.copy2(self.root / name, out / name)
-        atomic_torch_save(out / "model.pt", model.state_dict())
-        atomic_write_json(out / "config.json", config)
+        created = not out.exists()
+        out.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            if self.kind == "munkey":
+                from munkey_core.forget.request import start_derived_log
+
+                with self.run.runlock.hold(exclusive=False):  # no deletion of the source while copying
+                    runstore.write_bank(out / runstore.BANK_STORE, runstore.load_bank(self.root))
+                    for name in ("forgotten.json", "history.json"):
+                        if (self.root / name).exists():
+                            shutil.copy2(self.root / name, out / name)
+                    atomic_torch_save(out / "model.pt", model.state_dict())
+                    atomic_write_json(out / "config.json", config)
+                    # the new run's log starts from the parent's log head and lists the deletions it inherits
+                    start_derived_log(self.root, out, method=request.method, operator=operator,
+                                      url=self.run.audit_url)
+            else:
+                atomic_torch_save(out / "model.pt", model.state_dict())
+                atomic_write_json(out / "config.json", config)
+        except BaseException:
+            if created:
+                shutil.rmtree(out, ignore_errors=True)
+            else:
+                for p in list(out.iterdir()):
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            raise
         if self.kind == "munkey" and request.method.startswith("keys"):
             from munkey_core.service import MunkeyRun
 
             new = MunkeyRun(out, device=str(self.device))
             ids = [int(i) for i in new.bank.ids[new.bank.labels == request.cls]]
             new.forget(ids, operator=operator, source=f"class {request.cls} ({request.method})")
+        make_private(out)
         return out
 
 
