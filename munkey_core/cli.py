@@ -46,7 +46,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         ("p-drop-token", float, "probability of dropping the exemplar token"),
         ("augment-shift", float, "random translation (fraction of the side)"),
         ("max-train", int, "use a stratified subset of this many training images (0 = all)"),
-        ("seed", int, "random seed"), ("exemplar-dim", int, "exemplar vector size"),
+        ("seed", int, "training seed (initialisation, batch order, augmentation)"),
+        ("split-seed", int, "data split seed (the splits we carve, the --max-train subset); default: --seed"),
+        ("exemplar-dim", int, "exemplar vector size"),
         ("inject-at", int, "block L (0 .. depth-1) the exemplar token joins at: 0 (default) is the paper's design; "
          "L > 0 is late injection, whose blocks before L run once per image instead of K times at inference "
          "(faster; docs/performance.md has its speed and Avg Gap)"),
@@ -118,6 +120,9 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--oracle", action="store_true", help="compare with the M-oracle (the run's recipe retrained "
                    "without the current forget set; trained and cached in RUN/oracles/ on first use): gaps, Avg Gap")
+    p.add_argument("--noise-floor", type=non_negative_int, default=0,
+                   help="with --oracle: retrain N more M-oracles with other training seeds (same split and forget "
+                        "set) and print their Avg Gap to the M-oracle, the gap chance alone gives (default 0)")
     p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true")
 
@@ -207,7 +212,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_new_run_dir(args.out)  # before anything else: never overwrite a user's folder or file
     overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
                                                 "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
-                                                "seed", "exemplar_dim", "max_train", "inject_at")}
+                                                "seed", "split_seed", "exemplar_dim", "max_train", "inject_at")}
     if args.arch != "munkey" and args.inject_at is not None:
         raise MunkeyError("--inject-at is a MUNKEY option (where the exemplar token joins); a resnet18 / vit run has "
                           "no exemplar token. Drop --inject-at or use --arch munkey.")
@@ -309,13 +314,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.oracle:
         from munkey_core.eval.oracles import evaluate_against_oracle
 
-        r = evaluate_against_oracle(run, max_samples=args.max_samples, seed=args.seed, progress=not args.json)
+        r = evaluate_against_oracle(run, max_samples=args.max_samples, seed=args.seed, progress=not args.json,
+                                    noise_floor=args.noise_floor)
         rows = [(name, r[key]) for name, key in (("run", "run"), ("M-oracle", "oracle"))]
-        text = "\n".join(f"{name:<9} TA {_fmt(m['TA'])}  RA {_fmt(m['RA'])}  FA {_fmt(m['FA'])}  MIA {_fmt(m['MIA'])}"
-                         for name, m in rows)
-        text += (f"\n{'gap':<9} TA {_fmt(r['gap_TA'])}  RA {_fmt(r['gap_RA'])}  FA {_fmt(r['gap_FA'])}  "
-                 f"MIA {_fmt(r['gap_MIA'])}  -> Avg Gap {_fmt(r['AvgGap'])}\n(forget set {r['forget_set']}: "
-                 f"{r['n_forget']} ids; oracle {r['oracle_path']}; MIA: {r['MIA_attack']})")
+        rows += [(f"seed {f['train_seed']}", f["metrics"]) for f in r["noise_floor"]["oracles"]]
+        text = "\n".join(f"{name:<10} TA {_fmt(m['TA'])}  RA {_fmt(m['RA'])}  FA {_fmt(m['FA'])}  MIA {_fmt(m['MIA'])}  "
+                         f"TPR@1%/0.1%FPR {_fmt(m.get('TPR@1%'))}/{_fmt(m.get('TPR@0.1%'))}" for name, m in rows)
+        floor = r["noise_floor"]["AvgGap"]
+        text += (f"\n{'gap':<10} TA {_fmt(r['gap_TA'])}  RA {_fmt(r['gap_RA'])}  FA {_fmt(r['gap_FA'])}  "
+                 f"MIA {_fmt(r['gap_MIA'])}  -> Avg Gap {_fmt(r['AvgGap'])}"
+                 + (f"  (noise floor, M-oracles of other training seeds vs the M-oracle: {_fmt(floor)})"
+                    if floor is not None else "  (no noise floor: add --noise-floor N to retrain N more M-oracles)")
+                 + f"\n(forget set {r['forget_set']}: {r['n_forget']} ids; oracle {r['oracle_path']}; "
+                   f"MIA: {r['MIA_attack']})")
         _emit(r, args.json, text)
         return 0
     m = run.evaluate(max_samples=args.max_samples, seed=args.seed)

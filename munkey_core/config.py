@@ -66,7 +66,15 @@ class TrainConfig:
     exemplar_init_std: float = 0.02
     augment_shift: float = 0.1     # random translation, as a fraction of the side (backbone input only)
     max_train: int | None = None   # stratified subset of the training split (None or 0: all)
-    seed: int = 0
+    seed: int = 0                  # training seed: initialisation, batch order, augmentation and dropout draws
+    split_seed: int | None = None  # data seed: the splits we carve and the max_train subset; None = `seed` (as before)
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of the data split: `split_seed`, or `seed` when unset (so runs made before the two
+        were separate reopen with their own splits). Retraining with another `seed` and the same
+        `data_seed` varies training alone: what a noise floor needs."""
+        return self.seed if self.split_seed is None else int(self.split_seed)
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
     with_overrides(prof.model, overrides)  # a bad backbone option (e.g. inject_at) fails before any data is loaded
     train_cfg = with_overrides(prof.train, overrides)
     dev = resolve_device(device)
-    ds = data_mod.load_dataset(dataset, data_root, download=download, seed=train_cfg.seed,
+    ds = data_mod.load_dataset(dataset, data_root, download=download, seed=train_cfg.data_seed,
                                max_train=train_cfg.max_train or None)
     enc = keys_mod.load_encoder(encoder, device=dev)
     # keys of the whole splits (the cache the full run made is reused), then the class filter
@@ -185,7 +185,7 @@ class MunkeyRun:
     def dataset(self):
         if self._dataset is None:
             self._dataset = data_mod.load_dataset(self.config["dataset"], self.config.get("data_root"),
-                                                  seed=self.train_cfg.seed, max_train=self.train_cfg.max_train or None)
+                                                  seed=self.train_cfg.data_seed, max_train=self.train_cfg.max_train or None)
         return self._dataset
 
     @property

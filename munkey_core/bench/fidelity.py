@@ -4,8 +4,12 @@ For one dataset, each forget rate and seed: train (or reuse) a MUNKEY run and a 
 backbone and recipe, draw a seeded random forget set, retrain (or reuse) the M-oracle and the T-oracle
 without it, then measure on the same samples: MUNKEY key deletion against the M-oracle, and the
 post-hoc baselines (NegGrad+, SCRUB, SSD, Amnesiac) on the ViT against the T-oracle. Each row: TA, RA,
-FA, MIA (the attack named), Avg Gap and forgetting seconds; the table gives mean ± sample standard
-deviation over seeds. Writes fidelity_<dataset>.md and .csv to --out. Everything trained is cached
+FA, MIA (the attack named: its AUC and its TPR at 1% and 0.1% FPR), Avg Gap and forgetting seconds; the
+table gives mean ± sample standard deviation over seeds and each seed's Avg Gap. Beside every Avg Gap:
+its family's noise floor (`--floor-oracles` oracles retrained with other training seeds on the same
+split and retain set, against the oracle), and per family a positive control (the undeleted model
+against the oracle). The strong attack's references are of the target's family and never trained on
+a forget set of the seed (forget and test samples scored against the same references). Writes fidelity_<dataset>.md and .csv to --out. Everything trained is cached
 under --work (oracles inside their run's oracles/ folder) and each finished cell's rows too, so a
 re-run resumes and an identical re-run trains nothing.
 
@@ -41,7 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "their own --work subfolder, suffix _late<L>)")
     p.add_argument("--mia", default="cheap", choices=["cheap", "strong"],
                    help="cheap: loss attack; strong: RMIA-style with reference ViTs (trained per seed)")
-    p.add_argument("--mia-refs", type=int, default=2, help="reference models for --mia strong (even; default 2)")
+    p.add_argument("--mia-refs", type=int, default=2,
+                   help="reference models per family for --mia strong (even; default 2): MUNKEY references for the "
+                        "MUNKEY rows, plain ViTs for the ViT rows, none trained on a forget set")
+    p.add_argument("--floor-oracles", type=non_negative_int, default=1,
+                   help="noise floor: oracles per family and cell retrained with other training seeds on the same "
+                        "split and retain set (default 1; 0 = no noise floor)")
     p.add_argument("--select", action="store_true",
                    help="add a row for the checkpoint 'munkey select' picks (trains one more M-oracle per seed, "
                         "for the validation forget split)")

@@ -20,9 +20,15 @@ from munkey_core.bench.unact_run import _mean_sd
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_json, read_json
 
-COLUMNS = ("rate", "seed", "method", "oracle", "TA", "RA", "FA", "MIA", "AvgGap", "seconds", "MIA_attack", "epoch")
+COLUMNS = ("rate", "seed", "method", "oracle", "TA", "RA", "FA", "MIA", "TPR@1%", "TPR@0.1%", "AvgGap", "seconds",
+           "MIA_attack", "epoch", "train_seed")
 SELECTED = "MUNKEY (selected checkpoint)"
-TABLE = ("TA", "RA", "FA", "MIA", "AvgGap", "seconds")
+FLOOR = {"M": "Noise floor: M-oracle retrained, other training seed", "T": "Noise floor: T-oracle retrained, other "
+         "training seed"}
+MUNKEY_NONE = "MUNKEY, no unlearning (positive control)"
+VIT_NONE = "ViT, no unlearning (positive control)"
+TABLE = ("TA", "RA", "FA", "MIA", "TPR@1%", "TPR@0.1%", "AvgGap")
+CELL_VERSION = 2  # 2: noise-floor and positive-control rows, TPRs at low FPR, same-family references
 
 
 def _floats(text: str) -> list[float]:
@@ -41,8 +47,8 @@ def _row(rate: float, seed: int, method: str, oracle_name: str, metrics: dict, o
     from munkey_core.eval.oracles import gaps
 
     return {"rate": rate, "seed": seed, "method": method, "oracle": oracle_name,
-            **{m: metrics[m] for m in ("TA", "RA", "FA", "MIA")}, "AvgGap": gaps(metrics, oracle)["AvgGap"],
-            "seconds": seconds, "MIA_attack": metrics["MIA_attack"], **extra}
+            **{m: metrics.get(m) for m in ("TA", "RA", "FA", "MIA", "TPR@1%", "TPR@0.1%")},
+            "AvgGap": gaps(metrics, oracle)["AvgGap"], "seconds": seconds, "MIA_attack": metrics["MIA_attack"], **extra}
 
 
 def _timed_key_deletion(bank, ids: list[int]) -> float:
@@ -144,27 +150,36 @@ class FidelityBench:
             self.trained += 1
         return mrun, ClassifierRun(root / "vit", device=a.device)
 
-    def _oracle(self, run_config: dict, run_root: Path, ids: list[int], kind: str) -> Path:
+    def _oracle(self, run_config: dict, run_root: Path, ids: list[int], kind: str,
+                train_seed: int | None = None) -> Path:
         from munkey_core.eval.oracles import train_oracle
 
-        path, trained = train_oracle(run_config, run_root, ids, kind, device=self.args.device, progress=True)
+        path, trained = train_oracle(run_config, run_root, ids, kind, train_seed=train_seed, device=self.args.device,
+                                     progress=True)
         self.trained += int(trained)
         return path
 
-    def _strong(self, seed: int, vit, ds, sets):
-        """The strong attack of this seed: reference ViTs of the plain ViT's recipe (`vit` None: the
-        recipe it would have), cached in --work/seed_<seed>/refs."""
-        from munkey_core.eval.mia import StrongAttack, train_reference_models
-        from munkey_core.eval.oracles import recipe_overrides
+    def _floor_oracles(self, run_config: dict, run_root: Path, ids: list[int], kind: str, seed: int) -> list[Path]:
+        """The noise floor's oracles: `--floor-oracles` retrains with other training seeds, same split."""
+        from munkey_core.eval.oracles import floor_seeds
+
+        n = int(getattr(self.args, "floor_oracles", 1))
+        return [self._oracle(run_config, run_root, ids, kind, s) for s in floor_seeds(seed, n)]
+
+    def _strong(self, seed: int, family: str, run_config: dict, ds, sets):
+        """The strong attack of this seed for targets of `family`: reference models of that family and of
+        the run's recipe, trained without any forget set of this seed (so forget and test samples are
+        scored against the same references), cached in --work/seed_<seed>/refs_<family>_<tag>."""
+        from munkey_core.eval.mia import StrongAttack
+        from munkey_core.eval.oracles import forget_tag, train_reference_models
+        from munkey_core.unlearn.keydelete import random_ids
 
         a = self.args
-        recipe = self._overrides(seed) if vit is None else recipe_overrides(vit.config)
-        refs = train_reference_models(a.dataset, self.work / f"seed_{seed}" / "refs", n_refs=a.mia_refs,
-                                      seed=seed, profile=a.profile, overrides=recipe, data_root=a.data_root,
-                                      device=a.device, on_trained=self._count)
-        f, t = sets.forget, sets.test
-        return StrongAttack(refs, (ds.train.images[f], ds.train.labels[f], ds.train.ids[f]),
-                            (ds.test.images[t], ds.test.labels[t]))
+        excluded = sorted({i for r in self.rates for i in random_ids(ds.train.ids, r, seed)})
+        folder = self.work / f"seed_{seed}" / f"refs_{family}_{forget_tag(excluded)}"
+        refs = train_reference_models(run_config, folder, family=family, n_refs=a.mia_refs, seed=seed,
+                                      exclude_ids=excluded, device=a.device, on_trained=self._count)
+        return StrongAttack(refs, ds, sets.forget, sets.test)
 
     def _count(self) -> None:
         self.trained += 1
@@ -233,7 +248,7 @@ class FidelityBench:
         a = self.args
         path = self.work / f"seed_{seed}" / f"rate_{rate:g}_selected.json"
         tag = {"mia": a.mia, "mia_refs": a.mia_refs, "max_samples": a.max_samples, "max_ps": a.max_ps,
-               "val_rate": a.val_rate}
+               "val_rate": a.val_rate, "rates": self.rates, "v": CELL_VERSION}
         if path.exists() and read_json(path).get("tag") == tag:
             return read_json(path)["rows"]
         mrun, vit = self._originals(seed)
@@ -245,7 +260,7 @@ class FidelityBench:
             ds = mrun.dataset
             ids = random_ids(ds.train.ids, rate, seed)
             sets = eval_sets(ds, ids, max_samples=a.max_samples, seed=seed)
-            strong = self._strong(seed, vit, ds, sets) if a.mia == "strong" else None
+            strong = self._strong(seed, "munkey", mrun.config, ds, sets) if a.mia == "strong" else None
             m_star = next(r for r in base_rows if r["method"].startswith("Retrain (M-oracle"))
             model, bank, epoch = checkpoint_state(mrun, mrun.paths.checkpoints / sel["selected"])
             seconds = _timed_key_deletion(bank, ids)
@@ -256,56 +271,77 @@ class FidelityBench:
         return rows
 
     def _base_cell(self, rate: float, seed: int) -> list[dict]:
-        """Rows of one (rate, seed): oracles, MUNKEY key deletion, the ViT and its post-hoc methods."""
+        """Rows of one (rate, seed): per family the oracle, its noise floor (oracles retrained with other
+        training seeds, against the oracle), the undeleted model (positive control) and the unlearning
+        methods (MUNKEY key deletion; the post-hoc methods on the ViT)."""
+        from munkey_core.eval.oracles import classifier_scorer, eval_sets, floor_seeds, measure, munkey_scorer
         from munkey_core.run.classifier import ClassifierRun
-        from munkey_core.eval.oracles import classifier_scorer, eval_sets, measure, munkey_scorer
         from munkey_core.service import MunkeyRun
         from munkey_core.data.sampling import random_ids
         from munkey_core.unlearn.posthoc import run_posthoc
 
         a = self.args
         path = self.work / f"seed_{seed}" / f"rate_{rate:g}.json"
-        tag = {"methods": self.methods, "mia": a.mia, "mia_refs": a.mia_refs, "max_samples": a.max_samples}
+        n_floor = int(getattr(a, "floor_oracles", 1))
+        tag = {"methods": self.methods, "mia": a.mia, "mia_refs": a.mia_refs, "max_samples": a.max_samples,
+               "floor_oracles": n_floor, "rates": self.rates if a.mia == "strong" else None, "v": CELL_VERSION}
         if path.exists() and read_json(path).get("tag") == tag:
             return read_json(path)["rows"]
         mrun, vit = self._originals(seed)
         ds = mrun.dataset
         ids = random_ids(ds.train.ids, rate, seed)
         m_oracle = self._oracle(mrun.config, mrun.paths.root, ids, "munkey")
-        t_oracle = None if vit is None else self._oracle(vit.config, vit.root, ids, "vit")
+        m_floor = self._floor_oracles(mrun.config, mrun.paths.root, ids, "munkey", seed)
         sets = eval_sets(ds, ids, max_samples=a.max_samples, seed=seed)
         # the ViT's carved splits follow the same seed: the same sample ids and the same rows
         if vit is not None and not np.array_equal(vit.dataset.train.ids, ds.train.ids):
             raise MunkeyError("The MUNKEY run and the ViT saw different training splits; delete --work and re-run.")
-        strong = self._strong(seed, vit, ds, sets) if a.mia == "strong" else None
+        strong = a.mia == "strong"
+        m_attack = self._strong(seed, "munkey", mrun.config, ds, sets) if strong else None
         k, tau = mrun.train_cfg.k, mrun.train_cfg.tau
         rows: list[dict] = []
+        floor_seed = floor_seeds(seed, n_floor)
 
-        def add(method: str, oracle_name: str, metrics: dict, oracle: dict, seconds: float | None) -> None:
-            rows.append(_row(rate, seed, method, oracle_name, metrics, oracle, seconds))
+        def add(method: str, oracle_name: str, metrics: dict, oracle: dict, seconds: float | None, **extra) -> None:
+            rows.append(_row(rate, seed, method, oracle_name, metrics, oracle, seconds, **extra))
 
-        orun = MunkeyRun(m_oracle, device=a.device)
-        m_star = measure(munkey_scorer(orun.model, orun.bank, ds, mrun.split_keys, k, tau), ds, sets, strong)
+        def munkey_measure(root: Path) -> dict:
+            orun = MunkeyRun(root, device=a.device)
+            return measure(munkey_scorer(orun.model, orun.bank, ds, mrun.split_keys, k, tau), ds, sets, m_attack)
+
+        m_star = munkey_measure(m_oracle)
         late = f", late@{self.inject_at}" if self.inject_at else ""
         add(f"Retrain (M-oracle{late})", "M", m_star, m_star, None)
+        for root, s in zip(m_floor, floor_seed):
+            add(FLOOR["M"], "M", munkey_measure(root), m_star, None, train_seed=s)
+        add(MUNKEY_NONE, "M", measure(munkey_scorer(mrun.model, mrun.bank, ds, mrun.split_keys, k, tau), ds, sets,
+                                      m_attack), m_star, 0.0)
         bank = copy.deepcopy(mrun.bank)
         seconds = _timed_key_deletion(bank, ids)
         add(f"MUNKEY (key deletion{late})", "M",
-            measure(munkey_scorer(mrun.model, bank, ds, mrun.split_keys, k, tau), ds, sets, strong), m_star, seconds)
+            measure(munkey_scorer(mrun.model, bank, ds, mrun.split_keys, k, tau), ds, sets, m_attack), m_star, seconds)
         if vit is None:  # --methods '': MUNKEY rows only
             atomic_write_json(path, {"tag": tag, "rows": rows})
             return rows
+        t_oracle = self._oracle(vit.config, vit.root, ids, "vit")
+        t_floor = self._floor_oracles(vit.config, vit.root, ids, "vit", seed)
+        t_attack = self._strong(seed, "vit", vit.config, ds, sets) if strong else None
+
+        def vit_measure(model, img_size: int) -> dict:
+            return measure(classifier_scorer(model, ds, img_size), ds, sets, t_attack)
+
         trun = ClassifierRun(t_oracle, device=a.device)
-        t_star = measure(classifier_scorer(trun.model, ds, trun.cfg.img_size), ds, sets, strong)
+        t_star = vit_measure(trun.model, trun.cfg.img_size)
         add("Retrain (T-oracle)", "T", t_star, t_star, None)
-        add("ViT, no unlearning", "T", measure(classifier_scorer(vit.model, ds, vit.cfg.img_size), ds, sets, strong),
-            t_star, 0.0)
+        for root, s in zip(t_floor, floor_seed):
+            frun = ClassifierRun(root, device=a.device)
+            add(FLOOR["T"], "T", vit_measure(frun.model, frun.cfg.img_size), t_star, None, train_seed=s)
+        add(VIT_NONE, "T", vit_measure(vit.model, vit.cfg.img_size), t_star, 0.0)
         f = np.isin(ds.train.ids, ids)
         forget, retain = (ds.train.images[f], ds.train.labels[f]), (ds.train.images[~f], ds.train.labels[~f])
         for method in self.methods:
             res = run_posthoc(method, vit.model, vit.to_input, forget, retain, num_classes=ds.num_classes, seed=seed)
-            add(method, "T", measure(classifier_scorer(res.model, ds, vit.cfg.img_size), ds, sets, strong),
-                t_star, res.seconds)
+            add(method, "T", vit_measure(res.model, vit.cfg.img_size), t_star, res.seconds)
         atomic_write_json(path, {"tag": tag, "rows": rows})
         return rows
 
@@ -318,19 +354,41 @@ class FidelityBench:
                  f"MUNKEY design: {self.design}."
                  + ("" if self.methods else " MUNKEY and its M-oracle only (--methods ''): no plain ViT, T-oracle "
                                             "or post-hoc rows."), "",
-                 f"MIA attack: {attack}. Mean ± sample standard deviation over seeds; Avg Gap against the "
-                 "M-oracle (MUNKEY) or the T-oracle (plain ViT and post-hoc methods); seconds = the forgetting "
-                 f"step alone. Wall time of this invocation: {wall:.0f} s ({self.trained} model(s) trained by it; "
-                 "cells and models found in --work are read, not recomputed).", "",
+                 f"MIA attack: {attack}; MIA = its AUC, TPR@1% / TPR@0.1% = its true-positive rate at 1% / 0.1% "
+                 "false-positive rate (forget vs test; below 1/n_test FPR a TPR counts forget samples scored above "
+                 "every test sample). Mean ± sample standard deviation over seeds; Avg Gap against the "
+                 "M-oracle (MUNKEY) or the T-oracle (plain ViT and post-hoc methods). **Noise floor**: the Avg Gap "
+                 "to the same oracle of oracles retrained with other training seeds on the same data split and "
+                 "retain set (what retraining chance alone gives); a row's Avg Gap means something only next to "
+                 "its family's floor. The 'no unlearning' rows are the positive controls: the undeleted model "
+                 "against the oracle, what the metrics and the attack see when nothing is forgotten. seconds = the "
+                 f"forgetting step alone. Wall time of this invocation: {wall:.0f} s ({self.trained} model(s) "
+                 "trained by it; cells and models found in --work are read, not recomputed).", "",
                  "Command: `munkey " + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "`", ""]
         for rate in self.rates:
-            lines += [f"### forget {rate * 100:g}%", "", "| method | oracle | " + " | ".join(TABLE) + " |",
-                      "|---|---|" + "---|" * len(TABLE)]
-            methods = list(dict.fromkeys(r["method"] for r in rows if r["rate"] == rate))
+            here = [r for r in rows if r["rate"] == rate]
+            floors = {o: [r["AvgGap"] for r in here if r["method"] == FLOOR[o]] for o in FLOOR}
+            lines += [f"### forget {rate * 100:g}%", "",
+                      "| method | oracle | " + " | ".join(TABLE) + " | noise floor | Avg Gap per seed | seconds |",
+                      "|---|---|" + "---|" * (len(TABLE) + 3)]
+            methods = list(dict.fromkeys(r["method"] for r in here))
             for m in methods:
-                sel = [r for r in rows if r["rate"] == rate and r["method"] == m]
+                sel = [r for r in here if r["method"] == m]
                 cells = [_mean_sd([r[c] for r in sel]) for c in TABLE]
-                lines.append(f"| {m} | {sel[0]['oracle']} | " + " | ".join(cells) + " |")
+                per_seed = ", ".join(f"s{sd}: {_mean_sd([r['AvgGap'] for r in sel if r['seed'] == sd])}"
+                                     for sd in dict.fromkeys(r["seed"] for r in sel))
+                lines.append(f"| {m} | {sel[0]['oracle']} | " + " | ".join(cells)
+                             + f" | {_mean_sd(floors[sel[0]['oracle']])} | {per_seed} | "
+                             + _mean_sd([r["seconds"] for r in sel]) + " |")
+            for o, name in (("M", "MUNKEY (key deletion"), ("T", None)):
+                if not floors[o]:
+                    continue
+                for m in methods:
+                    sel = [r["AvgGap"] for r in here if r["method"] == m and r["oracle"] == o]
+                    if (name and m.startswith(name)) or (name is None and m in self.methods):
+                        gap, floor = float(np.mean(sel)), float(np.mean(floors[o]))
+                        lines.append(f"\n{m}: Avg Gap {gap:.2f} against a noise floor of {floor:.2f} "
+                                     f"({gap - floor:+.2f} vs the floor).")
             chosen = [f"seed {r['seed']}: epoch {r['epoch']}" for r in rows
                       if r["rate"] == rate and r["method"] == SELECTED]
             audited = [v for (r, _), v in self.audited.items() if r == rate]

@@ -8,7 +8,12 @@
 - `pathway_sensitivity`: Ps = |A_img - A_tok| / (A_both + eps), a ratio (not percent); lower is
   more balanced; the paper selects models with Ps <= 0.3.
 - `avg_gap`: mean absolute difference to an oracle over TA, RA, FA, MIA.
-Tests: tests/test_metrics.py (auc and mia_auc against sklearn.metrics.roc_auc_score, ties included).
+- `tpr_at_fpr` / `mia_tprs`: an attack's true-positive rate at a low false-positive rate (1%, 0.1%),
+  the figure membership attacks are judged by (LiRA, Carlini et al. 2022), not AUC alone. The
+  negatives (test samples) are reweighted to the forget set's class mix, the pooled analogue of the
+  class-balanced AUC. With n negatives an FPR below 1/n means "above every negative".
+Tests: tests/test_metrics.py (auc and mia_auc against sklearn.metrics.roc_auc_score, ties included; the TPRs
+against sklearn.metrics.roc_curve and a threshold sweep).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import numpy as np
 
 MIA_CHEAP = "loss-threshold AUC, class-balanced (cheap; forget vs test)"
 GAP_KEYS = ("TA", "RA", "FA", "MIA")
+LOW_FPRS = (0.01, 0.001)  # the false-positive rates every attack's TPR is reported at
 
 
 def accuracy(predicted: np.ndarray, labels: np.ndarray) -> float | None:
@@ -69,3 +75,56 @@ def pathway_sensitivity(a_img: float, a_tok: float, a_both: float, eps: float = 
 def avg_gap(metrics: Mapping[str, float], oracle: Mapping[str, float], keys: tuple[str, ...] = GAP_KEYS) -> float:
     """Mean |metric - oracle| over `keys` (percent points)."""
     return float(np.mean([abs(metrics[k] - oracle[k]) for k in keys]))
+
+
+def roc_points(pos: np.ndarray, neg: np.ndarray, neg_weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(fpr, tpr) of the rule "score >= t" at every distinct score t, from (0, 0) up; higher = member.
+
+    `neg_weight` (len(neg),) reweights the negatives (class balancing), else each counts the same."""
+    pos, neg = np.asarray(pos, dtype=np.float64), np.asarray(neg, dtype=np.float64)
+    w = np.ones(len(neg)) if neg_weight is None else np.asarray(neg_weight, dtype=np.float64)
+    scores = np.concatenate([pos, neg])
+    tp = np.concatenate([np.full(len(pos), 1.0 / len(pos)), np.zeros(len(neg))])
+    fp = np.concatenate([np.zeros(len(pos)), w / w.sum()])
+    order = np.argsort(-scores, kind="mergesort")
+    s, ctp, cfp = scores[order], np.cumsum(tp[order]), np.cumsum(fp[order])
+    last = np.r_[np.flatnonzero(np.diff(s) != 0), len(s) - 1]  # the last row of each distinct score
+    return np.r_[0.0, cfp[last]], np.r_[0.0, ctp[last]]
+
+
+def tpr_at_fpr(pos: np.ndarray, neg: np.ndarray, fpr: float, neg_weight: np.ndarray | None = None) -> float:
+    """Percent of positives caught at a false-positive rate of at most `fpr` (a fraction): the best
+    TPR over thresholds whose FPR stays <= fpr (LiRA's low-FPR metric). With n negatives, FPRs below
+    1/n can only be met by catching positives that score above every negative."""
+    f, t = roc_points(pos, neg, neg_weight)
+    return float(100.0 * t[f <= fpr + 1e-12].max())
+
+
+def class_weights(forget_labels: np.ndarray, test_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(forget mask, test weights) that give the test samples the forget set's class mix: each test
+    sample of class c weighs share_forget(c) / share_test(c); forget samples of a class with no test
+    sample are left out (as `mia_auc` does)."""
+    forget_labels, test_labels = np.asarray(forget_labels), np.asarray(test_labels)
+    classes = np.intersect1d(np.unique(forget_labels), np.unique(test_labels))
+    keep = np.isin(forget_labels, classes)
+    w = np.zeros(len(test_labels))
+    nf = keep.sum()
+    for c in classes:
+        in_t = test_labels == c
+        w[in_t] = ((forget_labels[keep] == c).sum() / max(nf, 1)) / in_t.sum()
+    return keep, w
+
+
+def mia_tprs(forget_score: np.ndarray, forget_labels: np.ndarray, test_score: np.ndarray, test_labels: np.ndarray,
+             fprs: tuple[float, ...] = LOW_FPRS) -> dict[str, float | None]:
+    """{"TPR@1%": ..., "TPR@0.1%": ...}: percent of forget samples flagged at those FPRs on test samples
+    reweighted to the forget set's class mix (higher score = member); None when undefined."""
+    keep, w = class_weights(forget_labels, test_labels)
+    if not keep.any():
+        return {tpr_key(f): None for f in fprs}
+    return {tpr_key(f): tpr_at_fpr(np.asarray(forget_score)[keep], test_score, f, w) for f in fprs}
+
+
+def tpr_key(fpr: float) -> str:
+    """Column name of the TPR at `fpr` (a fraction): 0.01 -> "TPR@1%"."""
+    return f"TPR@{fpr * 100:g}%"

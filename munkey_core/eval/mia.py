@@ -2,8 +2,9 @@
 
 Both report the AUC (percent) of telling forget-set samples from unseen test samples, computed per
 true class and averaged with the forget set's class counts as weights (metrics.mia_auc), so a class
-imbalance between the two sets cannot fake a signal. 50 = indistinguishable, what a model retrained
-without the forget set gives.
+imbalance between the two sets cannot fake a signal, and beside it the TPR at 1% and 0.1% FPR
+(metrics.mia_tprs, test samples reweighted to the forget set's class mix): `attack_metrics`.
+50 = indistinguishable, what a model retrained without the forget set gives.
 
 - cheap (`cheap_mia`): score = minus the target model's own cross-entropy. No extra model.
 - strong (`rmia_auc`, after RMIA, Zarifzadeh et al. 2024, offline variant): score = log of the
@@ -15,24 +16,26 @@ without the forget set gives.
   digits with 2 tiny references it beats a = 1 (their noise dominates a pure ratio). RMIA's comparison with population samples z
   (Pr_z[LR(x) / LR(z) > gamma]) is monotone in LR(x) for a fixed population, so it leaves the AUC of
   the ratio unchanged and is not computed.
-Reference models (`train_reference_models`) are plain classifiers trained with the target's recipe
-on complementary random halves of the training split, so every training sample is "out" for half of
-them and every test sample for all of them. Tests: tests/test_mia.py.
+Reference models (`oracles.train_reference_models`) are of the target's own family (MUNKEY references
+for a MUNKEY target, plain ViTs for a ViT and the post-hoc methods), trained with its recipe on random
+halves of the training split *minus the forget sets*, so every forget sample and every test sample is
+"out" for every reference: both sets are scored against the same references (symmetric), with all
+of them in the mean. Tests: tests/test_mia.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from munkey_core.errors import MunkeyError
-from munkey_core.eval.metrics import MIA_CHEAP, cross_entropy, mia_auc
-from munkey_core.atomic import atomic_write_json, read_json
+from munkey_core.eval.metrics import MIA_CHEAP, cross_entropy, mia_auc, mia_tprs
 
-MIA_STRONG = "RMIA-style likelihood ratio vs reference out-models, class-balanced AUC (strong; forget vs test)"
+MIA_STRONG = ("RMIA-style likelihood ratio vs same-family reference models that trained on neither set, "
+              "class-balanced AUC (strong; forget vs test)")
+Scorer = Callable[[str, np.ndarray], np.ndarray]  # (split "train" | "test", row index (n,)) -> probs (n, C)
 ATTACKS = {"cheap": MIA_CHEAP, "strong": MIA_STRONG}
 _EPS = 1e-12
 
@@ -42,11 +45,25 @@ def true_class_prob(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return probs[np.arange(len(labels)), labels]
 
 
+def attack_metrics(forget_score: np.ndarray, forget_labels: np.ndarray, test_score: np.ndarray,
+                   test_labels: np.ndarray) -> dict:
+    """{"MIA": class-balanced AUC, "TPR@1%", "TPR@0.1%"} (percent) of a membership score (higher = member)."""
+    f, t = np.asarray(forget_score, dtype=np.float64), np.asarray(test_score, dtype=np.float64)
+    return {"MIA": mia_auc(-f, forget_labels, -t, test_labels), **mia_tprs(f, forget_labels, t, test_labels)}
+
+
 def cheap_mia(forget_probs: np.ndarray, forget_labels: np.ndarray, test_probs: np.ndarray,
               test_labels: np.ndarray) -> float | None:
     """Loss-threshold attack AUC (percent) from the target's probabilities (N, C) on both sets."""
     return mia_auc(cross_entropy(forget_probs, forget_labels), forget_labels,
                    cross_entropy(test_probs, test_labels), test_labels)
+
+
+def cheap_attack(forget_probs: np.ndarray, forget_labels: np.ndarray, test_probs: np.ndarray,
+                 test_labels: np.ndarray) -> dict:
+    """The cheap attack's AUC and TPRs at low FPR (`attack_metrics` of minus the cross-entropy)."""
+    return attack_metrics(-cross_entropy(forget_probs, forget_labels), forget_labels,
+                          -cross_entropy(test_probs, test_labels), test_labels)
 
 
 RMIA_A = 0.3
@@ -88,7 +105,8 @@ def classifier_probs(model, images: np.ndarray, img_size: int) -> np.ndarray:
 
 
 def half_splits(ids: np.ndarray, n_refs: int, seed: int) -> list[np.ndarray]:
-    """`n_refs` (even) member sets: complementary random halves of `ids`, one pair per seed offset."""
+    """`n_refs` (even) member sets: complementary random halves of `ids`, one pair per seed offset
+    (every id is in exactly half of them)."""
     if n_refs < 2 or n_refs % 2:
         raise MunkeyError(f"--mia-refs must be an even number >= 2 (complementary halves), got {n_refs}.")
     ids = np.sort(np.asarray(ids, dtype=np.int64))
@@ -102,79 +120,59 @@ def half_splits(ids: np.ndarray, n_refs: int, seed: int) -> list[np.ndarray]:
 
 @dataclass
 class ReferenceModels:
-    """Reference classifiers and which training ids each one saw."""
+    """Reference models of one family: how to score them and which training ids each one saw."""
 
-    models: list  # nn.Module, eval mode
-    members: list[np.ndarray]  # per model: sorted training ids it trained on
-    img_size: int
+    scorers: list  # Scorer per reference: (split, rows) -> class probabilities (n, C)
+    members: list[np.ndarray]  # per reference: sorted training ids it trained on
+    family: str  # "munkey" or "vit": the targets they may attack
 
-    def true_probs(self, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
-        """(R, N) true-class probabilities of uint8 images (N, H, W, C)."""
-        return np.stack([true_class_prob(classifier_probs(m, images, self.img_size), labels) for m in self.models])
+    def true_probs(self, split: str, rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """(R, N) true-class probabilities of rows of a split."""
+        return np.stack([true_class_prob(score(split, rows), labels) for score in self.scorers])
 
     def member_mask(self, ids: np.ndarray) -> np.ndarray:
         """(R, N) True where reference r trained on sample id n."""
         return np.stack([np.isin(ids, m) for m in self.members])
 
 
-def train_reference_models(dataset: str, folder: Path, *, n_refs: int, seed: int, profile: str,
-                           overrides: dict, data_root: str | None = None, device: str = "auto",
-                           progress: bool = True, on_trained: Callable[[], None] | None = None) -> ReferenceModels:
-    """Plain ViTs of the target's recipe on complementary halves of the training split, cached in
-    `folder/ref_<i>/` (a re-run reuses them; `on_trained` is called after each model actually trained).
+def classifier_references(models: Sequence, members: Sequence[np.ndarray], ds, img_size: int) -> ReferenceModels:
+    """Plain classifiers (nn.Module, eval mode) on a dataset's splits as a ViT-family ReferenceModels."""
+    def scorer(model) -> Scorer:
+        return lambda split, rows: classifier_probs(model, ds.split(split).images[rows], img_size)
 
-    `overrides` is the target's recipe, its seed included: the seed also fixes the carved data splits,
-    so the references must keep it (they differ from each other by their data)."""
-    from munkey_core.data import datasets as data_mod
-    from munkey_core.run.classifier import ClassifierRun, train_classifier_run
-    from munkey_core.config import resolve_profile, with_overrides
-
-    folder = Path(folder)
-    meta = folder / "references.json"
-    if not meta.exists():
-        recipe = with_overrides(resolve_profile(profile).train, overrides)
-        ds = data_mod.load_dataset(dataset, data_root, seed=recipe.seed, max_train=recipe.max_train or None)
-        halves = half_splits(ds.train.ids, n_refs, seed)
-        folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(meta, {"seed": seed, "train_ids": ds.train.ids.tolist(),
-                                 "halves": [h.tolist() for h in halves]})
-    info = read_json(meta)
-    if len(info["halves"]) != n_refs:
-        raise MunkeyError(f"{folder} holds {len(info['halves'])} reference models, not {n_refs}; "
-                          "delete it or ask for that many.")
-    train_ids = np.asarray(info["train_ids"], dtype=np.int64)
-    models, members = [], []
-    for i, half in enumerate(info["halves"]):
-        member = np.asarray(half, dtype=np.int64)
-        path = folder / f"ref_{i}"
-        if not (path / "config.json").exists():
-            train_classifier_run(dataset, path, arch="vit", profile=profile, data_root=data_root, device=device,
-                                 overrides=overrides, progress=progress,
-                                 exclude_ids=np.setdiff1d(train_ids, member).tolist())
-            if on_trained is not None:
-                on_trained()
-        run = ClassifierRun(path, device=device)
-        models.append(run.model)
-        members.append(member)
-    return ReferenceModels(models, members, run.cfg.img_size)
+    return ReferenceModels([scorer(m) for m in models], [np.asarray(m) for m in members], "vit")
 
 
 class StrongAttack:
-    """The strong attack bound to one forget set and one test set: the references' probabilities are
-    computed once, then `auc(forget_probs, test_probs)` scores any target on those sets."""
+    """The strong attack bound to one forget set and one test set (rows of the training and test splits):
+    the references' probabilities are computed once, then `metrics(forget_probs, test_probs)` scores any
+    target of their family on those sets. `symmetric`: no reference trained on a forget sample, so both
+    sets are scored against the same references."""
 
-    def __init__(self, refs: ReferenceModels, forget: tuple[np.ndarray, np.ndarray, np.ndarray],
-                 test: tuple[np.ndarray, np.ndarray]) -> None:
-        f_img, self.f_y, f_ids = forget  # (Nf, H, W, C) uint8, (Nf,), (Nf,)
-        t_img, self.t_y = test
-        self.f_ref, self.f_member = refs.true_probs(f_img, self.f_y), refs.member_mask(f_ids)  # (R, Nf) x2
-        self.t_ref = refs.true_probs(t_img, self.t_y)  # (R, Nt)
+    def __init__(self, refs: ReferenceModels, ds, forget_rows: np.ndarray, test_rows: np.ndarray) -> None:
+        self.family = refs.family
+        self.n_refs = len(refs.scorers)
+        self.f_y, self.t_y = ds.train.labels[forget_rows], ds.test.labels[test_rows]
+        self.f_ref = refs.true_probs("train", forget_rows, self.f_y)  # (R, Nf)
+        self.f_member = refs.member_mask(ds.train.ids[forget_rows])  # (R, Nf)
+        self.t_ref = refs.true_probs("test", test_rows, self.t_y)  # (R, Nt)
+        self.symmetric = not self.f_member.any()
+
+    def scores(self, forget_probs: np.ndarray, test_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """RMIA scores (Nf,), (Nt,) of a target's class probabilities on the forget and test sets."""
+        return (rmia_scores(true_class_prob(forget_probs, self.f_y), self.f_ref, self.f_member),
+                rmia_scores(true_class_prob(test_probs, self.t_y), self.t_ref, None))
+
+    def metrics(self, forget_probs: np.ndarray, test_probs: np.ndarray) -> dict:
+        """AUC and TPR at low FPR (percent) for a target's probabilities on forget (Nf, C) and test (Nt, C)."""
+        f, t = self.scores(forget_probs, test_probs)
+        return attack_metrics(f, self.f_y, t, self.t_y)
 
     def auc(self, forget_probs: np.ndarray, test_probs: np.ndarray) -> float | None:
         """Percent AUC for a target's class probabilities on the forget (Nf, C) and test (Nt, C) sets."""
-        return rmia_auc(true_class_prob(forget_probs, self.f_y), self.f_ref, self.f_member, self.f_y,
-                        true_class_prob(test_probs, self.t_y), self.t_ref, self.t_y)
+        return self.metrics(forget_probs, test_probs)["MIA"]
 
 
-__all__ = ["MIA_CHEAP", "MIA_STRONG", "ATTACKS", "cheap_mia", "rmia_scores", "rmia_auc", "half_splits",
-           "ReferenceModels", "train_reference_models", "StrongAttack", "true_class_prob"]
+__all__ = ["MIA_CHEAP", "MIA_STRONG", "ATTACKS", "Scorer", "attack_metrics", "cheap_mia", "cheap_attack",
+           "rmia_scores", "rmia_auc", "half_splits", "ReferenceModels", "classifier_references", "StrongAttack",
+           "true_class_prob"]

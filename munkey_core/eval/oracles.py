@@ -6,10 +6,17 @@ reference for post-hoc methods). Both are cached inside the original run directo
 forget set: RUN/oracles/random_<sha256 of the sorted ids, 12 hex>_{munkey,vit}/ (class oracles use
 RUN/oracles/class_C/). A re-request of the same forget set reuses them.
 
+The noise floor: the same oracle retrained with another *training* seed (`train_seed`; the data
+split stays the run's, TrainConfig.data_seed), in RUN/oracles/random_<tag>_<kind>_t<seed>/. The Avg
+Gap between two such oracles is what retraining chance alone gives; a method's gap means something
+only next to it (`floor_seeds` names the seeds, `evaluate_against_oracle(noise_floor=n)` measures it).
+`train_reference_models` trains the strong attack's reference models of either family.
+
 `measure` scores any model given as a `Scorer` (split name, row index -> class probabilities) on one
 `EvalSets` (seeded subsamples of test, retain and forget rows), so a model and its oracle are always
 compared on the same samples. MIA is the cheap attack unless a `StrongAttack` bound to the same
-forget and test rows is given; each result names its attack. Tests: tests/test_oracles.py.
+forget and test rows is given; each result names its attack and carries its TPR at 1% and 0.1% FPR.
+Tests: tests/test_oracles.py.
 """
 
 from __future__ import annotations
@@ -22,14 +29,16 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from munkey_core.config import TrainConfig, from_dict
 from munkey_core.errors import MunkeyError
-from munkey_core.eval.metrics import GAP_KEYS, MIA_CHEAP, accuracy, avg_gap
-from munkey_core.eval.mia import MIA_STRONG, StrongAttack, cheap_mia
+from munkey_core.eval.metrics import GAP_KEYS, LOW_FPRS, MIA_CHEAP, accuracy, avg_gap, tpr_key
+from munkey_core.eval.mia import MIA_STRONG, ReferenceModels, Scorer, StrongAttack, cheap_attack, half_splits
 from munkey_core.atomic import atomic_write_json, read_json
 
 ORACLE_DIR = "oracles"
 KINDS = ("munkey", "vit")
-Scorer = Callable[[str, np.ndarray], np.ndarray]  # (split "train" | "test", row index (n,)) -> probs (n, C)
+TPR_KEYS = tuple(tpr_key(f) for f in LOW_FPRS)  # ("TPR@1%", "TPR@0.1%")
+_FLOOR_STEP = 1000  # noise-floor oracle j of seed s trains with seed s + 1000 j
 
 
 def forget_tag(ids: Sequence[int]) -> str:
@@ -38,11 +47,23 @@ def forget_tag(ids: Sequence[int]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def oracle_path(run_root: str | Path, ids: Sequence[int], kind: str) -> Path:
-    """RUN/oracles/random_<tag>_<kind>: where the oracle for this forget set lives."""
+def oracle_path(run_root: str | Path, ids: Sequence[int], kind: str, train_seed: int | None = None) -> Path:
+    """RUN/oracles/random_<tag>_<kind>[_t<train_seed>]: where the oracle for this forget set lives (with
+    `train_seed`: the one retrained with that training seed, for the noise floor)."""
     if kind not in KINDS:
         raise MunkeyError(f"Unknown oracle kind '{kind}'; choose munkey or vit.")
-    return Path(run_root) / ORACLE_DIR / f"random_{forget_tag(ids)}_{kind}"
+    suffix = "" if train_seed is None else f"_t{int(train_seed)}"
+    return Path(run_root) / ORACLE_DIR / f"random_{forget_tag(ids)}_{kind}{suffix}"
+
+
+def floor_seeds(seed: int, n: int) -> list[int]:
+    """Training seeds of `n` noise-floor oracles for a run trained with `seed` (never `seed` itself)."""
+    return [int(seed) + _FLOOR_STEP * j for j in range(1, n + 1)]
+
+
+def data_seed_of(config: dict) -> int:
+    """The data split seed of a run's config (runs made before split_seed existed: their seed)."""
+    return from_dict(TrainConfig, config["train"]).data_seed
 
 
 def recipe_overrides(config: dict) -> dict:
@@ -52,17 +73,20 @@ def recipe_overrides(config: dict) -> dict:
 
 
 def train_oracle(config: dict, run_root: str | Path, forget_ids: Sequence[int], kind: str, *,
-                 device: str = "auto", progress: bool = True) -> tuple[Path, bool]:
+                 train_seed: int | None = None, device: str = "auto", progress: bool = True) -> tuple[Path, bool]:
     """Retrain `config`'s recipe without `forget_ids` as a MUNKEY or a plain ViT; (path, trained now).
 
-    An existing oracle for the same forget set is reused (trained now = False)."""
-    path = oracle_path(run_root, forget_ids, kind)
+    `train_seed`: retrain with that training seed on the run's own data split (a noise-floor oracle).
+    An existing oracle for the same forget set (and seed) is reused (trained now = False)."""
+    path = oracle_path(run_root, forget_ids, kind, train_seed)
     if (path / "config.json").exists():
         return path, False
     ids = sorted(int(i) for i in forget_ids)
     if not ids:
         raise MunkeyError("The forget set is empty: there is nothing to retrain without.")
     over = recipe_overrides(config)
+    if train_seed is not None:
+        over = {**over, "seed": int(train_seed), "split_seed": data_seed_of(config)}
     if kind == "munkey":
         from munkey_core.service import train_run
 
@@ -133,12 +157,12 @@ def measure(score: Scorer, ds, sets: EvalSets, strong: StrongAttack | None = Non
     test_p, ret_p, fgt_p = score("test", sets.test), score("train", sets.retain), score("train", sets.forget)
     ty, ry, fy = ds.test.labels[sets.test], ds.train.labels[sets.retain], ds.train.labels[sets.forget]
     out = {"TA": accuracy(test_p.argmax(1), ty), "RA": accuracy(ret_p.argmax(1), ry),
-           "FA": accuracy(fgt_p.argmax(1), fy), "MIA": None, "MIA_attack": None}
+           "FA": accuracy(fgt_p.argmax(1), fy), "MIA": None, **{k: None for k in TPR_KEYS}, "MIA_attack": None}
     if len(sets.forget):
         if strong is None:
-            out["MIA"], out["MIA_attack"] = cheap_mia(fgt_p, fy, test_p, ty), MIA_CHEAP
+            out.update(cheap_attack(fgt_p, fy, test_p, ty), MIA_attack=MIA_CHEAP)
         else:
-            out["MIA"], out["MIA_attack"] = strong.auc(fgt_p, test_p), MIA_STRONG
+            out.update(strong.metrics(fgt_p, test_p), MIA_attack=MIA_STRONG)
     return out
 
 
@@ -149,33 +173,133 @@ def gaps(metrics: dict, oracle: dict) -> dict:
     return {**{f"gap_{k}": abs(metrics[k] - oracle[k]) for k in GAP_KEYS}, "AvgGap": avg_gap(metrics, oracle)}
 
 
+def train_reference_models(config: dict, folder: str | Path, *, family: str, n_refs: int, seed: int,
+                           exclude_ids: Sequence[int], device: str = "auto", progress: bool = True,
+                           on_trained: Callable[[], None] | None = None) -> ReferenceModels:
+    """The strong attack's reference models for targets of `family` ("munkey" or "vit"), with the recipe
+    of `config` (a run of that family, or one whose recipe it shares), cached in `folder/ref_<i>/`.
+
+    Each trains on one of `n_refs` complementary random halves of the training split minus
+    `exclude_ids` (the forget sets they will be asked about), with its own training seed on the run's
+    data split; so every forget sample and every test sample is "out" for all of them."""
+    from munkey_core.data import datasets as data_mod
+
+    if family not in KINDS:
+        raise MunkeyError(f"Unknown reference family '{family}'; choose munkey or vit.")
+    if family == "munkey" and "encoder" not in config:
+        raise MunkeyError("MUNKEY reference models need a MUNKEY run's recipe (its key encoder).")
+    folder = Path(folder)
+    meta = folder / "references.json"
+    excluded = sorted(int(i) for i in exclude_ids)
+    if not meta.exists():
+        train_cfg = from_dict(TrainConfig, config["train"])
+        ds = data_mod.load_dataset(config["dataset"], config.get("data_root"), seed=train_cfg.data_seed,
+                                   max_train=train_cfg.max_train or None)
+        pool = np.setdiff1d(ds.train.ids, excluded)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(meta, {"family": family, "seed": seed, "excluded": forget_tag(excluded) if excluded else None,
+                                 "train_ids": ds.train.ids.tolist(),
+                                 "halves": [h.tolist() for h in half_splits(pool, n_refs, seed)]})
+    info = read_json(meta)
+    if len(info["halves"]) != n_refs or info.get("family") != family:
+        raise MunkeyError(f"{folder} holds {len(info['halves'])} {info.get('family')} reference models, not {n_refs} "
+                          f"{family}; delete it or ask for that many.")
+    train_ids = np.asarray(info["train_ids"], dtype=np.int64)
+    base = recipe_overrides(config)
+    scorers, members = [], []
+    for i, half in enumerate(info["halves"]):
+        member = np.asarray(half, dtype=np.int64)
+        path = folder / f"ref_{i}"
+        over = {**base, "seed": int(seed) + 100 + i, "split_seed": data_seed_of(config)}
+        if not (path / "config.json").exists():
+            leave_out = np.setdiff1d(train_ids, member).tolist()
+            if family == "munkey":
+                from munkey_core.service import train_run
+
+                train_run(config["dataset"], path, profile=config["profile"], encoder=config["encoder"]["name"],
+                          data_root=config.get("data_root"), device=device, overrides=over, progress=progress,
+                          exclude_ids=leave_out, keep_checkpoints=1)
+            else:
+                from munkey_core.run.classifier import train_classifier_run
+
+                train_classifier_run(config["dataset"], path, arch="vit", profile=config["profile"],
+                                     data_root=config.get("data_root"), device=device, overrides=over,
+                                     progress=progress, exclude_ids=leave_out)
+            if on_trained is not None:
+                on_trained()
+        scorers.append(_reference_scorer(path, family, device))
+        members.append(member)
+    return ReferenceModels(scorers, members, family)
+
+
+def _reference_scorer(path: Path, family: str, device: str) -> Scorer:
+    """The Scorer of a trained reference run (MUNKEY: its own bank; retrieval with the cached keys)."""
+    if family == "munkey":
+        from munkey_core.service import MunkeyRun
+
+        run = MunkeyRun(path, device=device)
+        return munkey_scorer(run.model, run.bank, run.dataset, run.split_keys, run.train_cfg.k, run.train_cfg.tau)
+    from munkey_core.run.classifier import ClassifierRun
+
+    run = ClassifierRun(path, device=device)
+    return classifier_scorer(run.model, run.dataset, run.cfg.img_size)
+
+
+def _cached_measure(path: Path, score: Callable[[], Scorer], ds, sets: EvalSets, tag: dict) -> dict:
+    """`measure` of the model at `path`, cached in path/oracle_metrics.json under `tag`."""
+    cache = path / "oracle_metrics.json"
+    if cache.exists() and read_json(cache).get("tag") == tag:
+        return read_json(cache)["metrics"]
+    metrics = measure(score(), ds, sets)
+    atomic_write_json(cache, {"tag": tag, "metrics": metrics})
+    return metrics
+
+
 def evaluate_against_oracle(run, *, max_samples: int = 2000, seed: int = 0, train_missing: bool = True,
-                            progress: bool = True) -> dict:
+                            noise_floor: int = 0, progress: bool = True) -> dict:
     """`munkey evaluate RUN --oracle`: the run and its M-oracle (same recipe retrained without every id
-    deleted so far) on the same samples, with the gaps and Avg Gap. Trains the oracle when missing."""
+    deleted so far) on the same samples, with the gaps and Avg Gap. Trains the oracle when missing.
+
+    `noise_floor` n > 0 also retrains n M-oracles with other training seeds (same data split, same
+    forget set) and reports their Avg Gap to the M-oracle: the gap retraining chance alone gives."""
     forget_ids = run.forgotten_ids
     if not forget_ids:
         raise MunkeyError("Nothing has been deleted from this run yet, so there is no forget set to compare with "
                           "an oracle. Delete samples first ('munkey forget RUN --ids ...').")
-    path = oracle_path(run.paths.root, forget_ids, "munkey")
-    if not (path / "config.json").exists() and not train_missing:
-        raise MunkeyError(f"No M-oracle for the current forget set yet ({path}); run 'munkey evaluate RUN --oracle' "
-                          "to train it (the run's recipe, minutes on the CPU profile).")
+    seeds = floor_seeds(run.train_cfg.seed, noise_floor)
+    missing = [p for p in [oracle_path(run.paths.root, forget_ids, "munkey")]
+               + [oracle_path(run.paths.root, forget_ids, "munkey", s) for s in seeds] if not (p / "config.json").exists()]
+    if missing and not train_missing:
+        raise MunkeyError(f"No M-oracle for the current forget set yet ({missing[0]}); run 'munkey evaluate RUN "
+                          "--oracle' to train it (the run's recipe, minutes on the CPU profile).")
     path, trained = train_oracle(run.config, run.paths.root, forget_ids, "munkey", device=str(run.device),
                                  progress=progress)
     ds = run.dataset
     sets = eval_sets(ds, forget_ids, max_samples=max_samples, seed=seed)
     cfg = run.train_cfg
     mine = measure(munkey_scorer(run.model, run.bank, ds, run.split_keys, cfg.k, cfg.tau), ds, sets)
-    cache, tag = path / "oracle_metrics.json", {"max_samples": max_samples, "seed": seed}
-    oracle = read_json(cache)["metrics"] if cache.exists() and read_json(cache).get("tag") == tag else None
-    if oracle is None:
-        from munkey_core.service import MunkeyRun
+    tag = {"max_samples": max_samples, "seed": seed, "metrics": 2}  # 2: with the TPRs at low FPR
 
-        orun = MunkeyRun(path, device=str(run.device))
-        oracle = measure(munkey_scorer(orun.model, orun.bank, ds, run.split_keys, cfg.k, cfg.tau), ds, sets)
-        atomic_write_json(cache, {"tag": tag, "metrics": oracle})
+    def scorer_of(p: Path) -> Callable[[], Scorer]:
+        def make() -> Scorer:
+            from munkey_core.service import MunkeyRun
+
+            orun = MunkeyRun(p, device=str(run.device))
+            return munkey_scorer(orun.model, orun.bank, ds, run.split_keys, cfg.k, cfg.tau)
+        return make
+
+    oracle = _cached_measure(path, scorer_of(path), ds, sets, tag)
+    floor = []
+    for s in seeds:
+        p, t = train_oracle(run.config, run.paths.root, forget_ids, "munkey", train_seed=s, device=str(run.device),
+                            progress=progress)
+        m = _cached_measure(p, scorer_of(p), ds, sets, tag)
+        floor.append({"train_seed": s, "path": str(p), "trained": t, "metrics": m, "AvgGap": gaps(m, oracle)["AvgGap"]})
+    vals = [f["AvgGap"] for f in floor if f["AvgGap"] is not None]
     return {"run": mine, "oracle": oracle, **gaps(mine, oracle), "oracle_path": str(path), "oracle_trained": trained,
+            "noise_floor": {"AvgGap": float(np.mean(vals)) if vals else None, "oracles": floor,
+                            "what": "Avg Gap to the M-oracle of M-oracles retrained with other training seeds (same "
+                                    "data split, same forget set): what retraining chance alone gives"},
             "forget_set": forget_tag(forget_ids), "n_forget": len(forget_ids), "n_test": int(len(sets.test)),
             "n_retain": int(len(sets.retain)), "n_forget_evaluated": int(len(sets.forget)),
             "MIA_attack": MIA_CHEAP}

@@ -135,7 +135,7 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
     out = check_new_run_dir(out)  # never overwrite a user's folder or file
     dev = resolve_device(device)
     base = with_overrides(resolve_profile(profile).train, dict(overrides or {}))
-    ds = data_mod.load_dataset(dataset, data_root, download=download, seed=base.seed,
+    ds = data_mod.load_dataset(dataset, data_root, download=download, seed=base.data_seed,
                                max_train=base.max_train or None)
     bad = [c for c in exclude_classes if not 0 <= int(c) < ds.num_classes]
     if bad:
@@ -205,7 +205,7 @@ class ClassifierRun:
     def dataset(self) -> data_mod.Dataset:
         if self._dataset is None:
             self._dataset = data_mod.load_dataset(self.config["dataset"], self.config.get("data_root"),
-                                                  seed=self.train_cfg.seed, max_train=self.train_cfg.max_train or None)
+                                                  seed=self.train_cfg.data_seed, max_train=self.train_cfg.max_train or None)
         return self._dataset
 
     def prepare_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
