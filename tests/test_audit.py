@@ -7,6 +7,7 @@ import math
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from _helpers import sqlite_exec
@@ -166,6 +167,9 @@ def test_forget_records_entry_and_receipt_that_verify(tiny_run: Path, capsys) ->
     assert ev["passed"] and ev["own_key_search"]["queries"] == 4 and ev["probe_search"]["queries"] > 100
     assert ev["request_FA_before"] is not None and ev["request_FA_after"] is not None
     assert ev["oracle"] is None and ev["oracle_gaps"] is None and "oracle" in ev["oracle_note"]
+    # the deleted samples against unseen test samples of their own classes, not TA overall
+    assert ev["FA_minus_TA_same_classes"] == pytest.approx(ev["request_FA_after"] - ev["TA_same_classes"])
+    assert ev["difference_se"] > 0 and "does not show" in ev["same_class_note"] and ev["TPR@1%"] is not None
     assert rec["log_head"] == {"seq": rec["entry"]["seq"], "hash": rec["entry"]["entry_hash"]}
     page = Path(res["receipt_html"]).read_text()
     assert res["request_id"] in page and "deleted and verified" in page and "<script" not in page
@@ -306,3 +310,18 @@ def test_a_request_that_fails_after_its_commit_point_is_not_logged_as_refused(ti
     kinds = [e["kind"] for e in json.loads(out)["entries"]]
     assert kinds == ["deletion"], kinds
     assert run_cli(capsys, "audit", "verify", str(tiny_run))[0] == 0
+
+
+def test_same_class_comparison_reweights_the_test_set_to_the_deleted_classes() -> None:
+    from munkey_core.forget.evidence import same_class_comparison
+
+    # deleted: 3 of class 0 (2 right), 1 of class 1 (right); test: class 0 50% right, class 1 100% right,
+    # class 2 (absent from the request) 0% right: it must not count
+    f_y, f_ok = np.array([0, 0, 0, 1]), np.array([True, True, False, True])
+    t_y = np.array([0, 0, 0, 0, 1, 1, 2, 2, 2])
+    t_ok = np.array([True, False, True, False, True, True, False, False, False])
+    r = same_class_comparison(f_ok, f_y, t_ok, t_y)
+    assert r["TA_same_classes"] == pytest.approx(100 * (0.75 * 0.5 + 0.25 * 1.0))  # not 4/9 overall
+    assert r["FA_minus_TA_same_classes"] == pytest.approx(75.0 - 62.5)
+    se = np.sqrt(0.75 * 0.25 / 4 + 0.75 ** 2 * 0.25 / 4 + 0.25 ** 2 * 0.0)
+    assert r["difference_se"] == pytest.approx(100 * se)

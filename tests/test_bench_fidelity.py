@@ -9,7 +9,74 @@ from pathlib import Path
 
 import pytest
 
+from munkey_core.bench.fidelity_run import FLOOR, MUNKEY_NONE, VIT_NONE
 from munkey_core.cli import main
+from munkey_core.data import datasets as data_mod
+from munkey_core.eval.oracles import oracle_path
+from munkey_core.run.rows import bank_ids
+from munkey_core.service import MunkeyRun
+from munkey_core.data.sampling import random_ids
+
+GAPS = ("TA", "RA", "FA", "MIA")
+
+
+def _gap(row: dict, oracle: dict) -> float:
+    """Avg Gap recomputed from the CSV's own columns."""
+    return sum(abs(float(row[k]) - float(oracle[k])) for k in GAPS) / 4
+
+
+def test_bench_fidelity_noise_floor_and_controls_come_from_distinct_models(cache_dir: Path, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "tiny", "--seeds", "1", "--rates", "0.1",
+            "--epochs", "3", "--mia", "strong", "--methods", "neggrad+", "--work", str(tmp_path / "work"),
+            "--out", str(tmp_path / "out"), "--floor-oracles", "2"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    rows = list(csv.DictReader(open(tmp_path / "out" / "fidelity_digits.csv")))
+    by = {}
+    for r in rows:
+        by.setdefault(r["method"], []).append(r)
+    m_star, t_star = by["Retrain (M-oracle)"][0], by["Retrain (T-oracle)"][0]
+    seed_dir = tmp_path / "work" / "digits_tiny" / "seed_0"
+    mrun = MunkeyRun(seed_dir / "munkey", device="cpu")
+    ds = data_mod.load_dataset("digits", seed=0)
+    ids = random_ids(ds.train.ids, 0.1, 0)
+    # noise floor: two more oracles per family, other training seeds, the same split and retain set
+    assert [r["train_seed"] for r in by[FLOOR["M"]]] == ["1000", "2000"] == [r["train_seed"] for r in by[FLOOR["T"]]]
+    main_oracle = oracle_path(mrun.paths.root, ids, "munkey")
+    weights = {(main_oracle / "model.pt").read_bytes()}
+    for r in by[FLOOR["M"]]:
+        twin = oracle_path(mrun.paths.root, ids, "munkey", int(r["train_seed"]))
+        cfg = json.loads((twin / "config.json").read_text())
+        assert cfg["train"]["seed"] == int(r["train_seed"]) and cfg["train"]["split_seed"] == 0
+        assert sorted(bank_ids(twin)) == sorted(bank_ids(main_oracle)) == sorted(set(ds.train.ids) - set(ids))
+        weights.add((twin / "model.pt").read_bytes())
+        assert float(r["AvgGap"]) == pytest.approx(_gap(r, m_star))
+    assert len(weights) == 3  # three distinct models
+    for r in by[FLOOR["T"]]:
+        assert float(r["AvgGap"]) == pytest.approx(_gap(r, t_star))
+    # positive controls: the undeleted models, against the same oracles; MUNKEY's FA from the full bank
+    none = by[MUNKEY_NONE][0]
+    assert float(none["FA"]) == pytest.approx(mrun.accuracy_on_ids(ids))
+    assert float(none["AvgGap"]) == pytest.approx(_gap(none, m_star)) and none["oracle"] == "M"
+    assert float(by[VIT_NONE][0]["AvgGap"]) == pytest.approx(_gap(by[VIT_NONE][0], t_star))
+    # the strong attack's references: MUNKEY runs for the MUNKEY rows, plain ViTs for the ViT rows, none of
+    # them trained on a forget sample (forget and test samples scored against the same references)
+    for family in ("munkey", "vit"):
+        (folder,) = seed_dir.glob(f"refs_{family}_*")
+        refs = sorted(folder.glob("ref_*"))
+        assert len(refs) == 2
+        for ref in refs:
+            cfg = json.loads((ref / "config.json").read_text())
+            assert cfg.get("kind", "munkey") == ("munkey" if family == "munkey" else "classifier")
+            assert ("encoder" in cfg) == (family == "munkey")
+        info = json.loads((folder / "references.json").read_text())
+        assert info["family"] == family and not set(ids) & {i for h in info["halves"] for i in h}
+    assert not set(ids) & set(bank_ids(sorted(seed_dir.glob("refs_munkey_*"))[0] / "ref_0"))
+    md = (tmp_path / "out" / "fidelity_digits.md").read_text()
+    floor = (float(by[FLOOR["M"]][0]["AvgGap"]) + float(by[FLOOR["M"]][1]["AvgGap"])) / 2
+    line = next(x for x in md.splitlines() if x.startswith("| MUNKEY (key deletion) |"))
+    assert f"{floor:.2f}" in line.split("|")[10]  # the noise floor column beside the Avg Gap
 
 
 def test_bench_fidelity_runs_and_resumes(cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -18,11 +85,13 @@ def test_bench_fidelity_runs_and_resumes(cache_dir: Path, tmp_path: Path, capsys
             "--out", str(tmp_path / "out"), "--select", "--max-ps", "10"]
     assert main(argv) == 0
     first = capsys.readouterr().out
-    assert "trained 7 model(s)" in first  # MUNKEY, ViT, M-oracle, T-oracle, 2 reference ViTs, selection's M-oracle
+    # MUNKEY, ViT, M-oracle and T-oracle, one noise-floor oracle of each, 2 MUNKEY and 2 ViT references,
+    # the selection's M-oracle
+    assert "trained 11 model(s)" in first
     rows = list(csv.DictReader(open(tmp_path / "out" / "fidelity_digits.csv")))
     methods = [r["method"] for r in rows]
-    assert methods == ["Retrain (M-oracle)", "MUNKEY (key deletion)", "Retrain (T-oracle)", "ViT, no unlearning",
-                       "neggrad+", "ssd", "MUNKEY (selected checkpoint)"]
+    assert methods == ["Retrain (M-oracle)", FLOOR["M"], MUNKEY_NONE, "MUNKEY (key deletion)", "Retrain (T-oracle)",
+                       FLOOR["T"], VIT_NONE, "neggrad+", "ssd", "MUNKEY (selected checkpoint)"]
     by = {r["method"]: r for r in rows}
     assert float(by["Retrain (M-oracle)"]["AvgGap"]) == 0.0 and by["MUNKEY (key deletion)"]["oracle"] == "M"
     assert by["ssd"]["oracle"] == "T" and float(by["ssd"]["seconds"]) > 0
@@ -34,10 +103,15 @@ def test_bench_fidelity_runs_and_resumes(cache_dir: Path, tmp_path: Path, capsys
     if chosen["epoch"] == "3":  # the final epoch is the run itself: the same measurements as the plain row
         assert chosen["AvgGap"] == by["MUNKEY (key deletion)"]["AvgGap"]
     assert all("RMIA" in r["MIA_attack"] for r in rows)
-    oracles = sorted(p.name for p in (tmp_path / "work" / "digits_tiny" / "seed_0" / "munkey" / "oracles").iterdir())
-    assert len(oracles) == 2 and all(o.startswith("random_") and o.endswith("_munkey") for o in oracles)
+    assert all(0 <= float(r["TPR@0.1%"]) <= float(r["TPR@1%"]) <= 100 for r in rows)
+    seed_dir = tmp_path / "work" / "digits_tiny" / "seed_0"
+    oracles = sorted(p.name for p in (seed_dir / "munkey" / "oracles").iterdir())
+    # the M-oracle, its noise-floor twin (training seed 1000) and the selection's M-oracle
+    assert len(oracles) == 3 and all(o.startswith("random_") for o in oracles)
+    assert sum(o.endswith("_munkey_t1000") for o in oracles) == 1
     md = (tmp_path / "out" / "fidelity_digits.md").read_text()
     assert "| MUNKEY (key deletion) | M |" in md and "forget 10%" in md and "Selected checkpoints" in md
+    assert "noise floor" in md and "against a noise floor of" in md
     # the audited request ran on a copy: the cached run is as trained, the copy is gone
     audited = json.loads((tmp_path / "work" / "digits_tiny" / "seed_0" / "rate_0.1_audited.json").read_text())
     config = tmp_path / "work" / "digits_tiny" / "seed_0" / "munkey" / "config.json"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from munkey_core.eval.metrics import accuracy, auc, avg_gap, cross_entropy, mia_auc, pathway_sensitivity
+from munkey_core.eval.metrics import (accuracy, auc, avg_gap, cross_entropy, mia_auc, mia_tprs, pathway_sensitivity,
+                                      tpr_at_fpr)
 
 
 def test_accuracy_and_empty_set() -> None:
@@ -99,3 +100,46 @@ def test_mia_auc_is_the_class_weighted_mean_of_sklearns_per_class_auc() -> None:
                  for c in np.unique(f_labels)]
     expected = 100 * sum(n * a for n, a in per_class) / sum(n for n, _ in per_class)
     assert mia_auc(f_loss, f_labels, t_loss, t_labels) == pytest.approx(expected, abs=1e-9)
+
+
+def _brute_force_tpr(pos: np.ndarray, neg: np.ndarray, fpr: float, w: np.ndarray) -> float:
+    """Every threshold tried: the best TPR whose weighted FPR stays <= fpr (percent)."""
+    best = 0.0
+    for t in np.r_[np.unique(np.r_[pos, neg]), np.inf]:
+        if w[neg >= t].sum() / w.sum() <= fpr + 1e-12:
+            best = max(best, float((pos >= t).mean()))
+    return 100.0 * best
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_tpr_at_low_fpr_matches_sklearn_and_a_threshold_sweep(weighted: bool) -> None:
+    from sklearn.metrics import roc_curve
+
+    rng = np.random.default_rng(1)
+    for trial in range(8):
+        pos = np.round(rng.normal(1.0, 1.0, 200), 1)  # rounding makes ties across and within the sets
+        neg = np.round(rng.normal(0.0, 1.0, 1200), 1)
+        w = rng.uniform(0.2, 3.0, len(neg)) if weighted else np.ones(len(neg))
+        y, scores = np.r_[np.ones(len(pos)), np.zeros(len(neg))], np.r_[pos, neg]
+        fp, tp, _ = roc_curve(y, scores, sample_weight=np.r_[np.ones(len(pos)), w], drop_intermediate=False)
+        for fpr in (0.1, 0.01, 0.001):
+            got = tpr_at_fpr(pos, neg, fpr, w if weighted else None)
+            assert got == pytest.approx(100.0 * tp[fp <= fpr + 1e-12].max())
+            assert got == pytest.approx(_brute_force_tpr(pos, neg, fpr, w))
+    # hand case: 1 of 4 positives above every negative; 1 negative of 100 (1%) above two more; then a second
+    pos, neg = np.array([10.0, 2.0, 2.0, 0.5]), np.r_[np.zeros(98), 3.0, 1.0]
+    assert tpr_at_fpr(pos, neg, 0.001) == 25.0 and tpr_at_fpr(pos, neg, 0.01) == 75.0
+    assert tpr_at_fpr(pos, neg, 0.02) == 100.0
+
+
+def test_mia_tprs_are_class_balanced() -> None:
+    # the score depends on the class only, and the forget set is mostly class 0 where the test set is
+    # mostly class 1: pooled, the forget samples would look like members; reweighted, they do not
+    rng = np.random.default_rng(0)
+    f_y, t_y = np.r_[np.zeros(180, int), np.ones(20, int)], np.r_[np.zeros(150, int), np.ones(19850, int)]
+    f_s, t_s = f_y * -1.0 + rng.normal(0, 0.01, 200), t_y * -1.0 + rng.normal(0, 0.01, 20000)
+    assert tpr_at_fpr(f_s, t_s, 0.01) > 80  # unweighted: the 150 class-0 test samples fit under 1% FPR
+    tprs = mia_tprs(f_s, f_y, t_s, t_y)
+    # reweighted, the test set has the forget set's class mix: at 1% FPR about 1% of the forget samples
+    assert set(tprs) == {"TPR@1%", "TPR@0.1%"} and tprs["TPR@1%"] < 5
+    assert mia_tprs(f_s, np.full(200, 5), t_s, t_y) == {"TPR@1%": None, "TPR@0.1%": None}

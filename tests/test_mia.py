@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from munkey_core.errors import MunkeyError
-from munkey_core.eval.mia import (ReferenceModels, StrongAttack, cheap_mia, classifier_probs, half_splits, rmia_auc,
-                             rmia_scores)
+from munkey_core.eval.mia import (RMIA_A, ReferenceModels, StrongAttack, cheap_mia, classifier_probs,
+                                   classifier_references, half_splits, rmia_auc, rmia_scores)
 
 
 def test_rmia_score_calibrates_by_the_references() -> None:
@@ -56,40 +56,72 @@ def test_half_splits_are_complementary_and_seeded() -> None:
 
 @pytest.fixture(scope="module")
 def digits_models():
-    """On 300 random training images of digits: 2 references on complementary halves, a memorising target on
-    another random half, and a target of the same recipe trained on the other half (never saw it)."""
+    """On 300 random training rows of digits: a memorising target on a random half A (A plays the forget
+    set), a target of the same recipe trained on the other half B (never saw A), and 2 references on
+    complementary halves of B, so they never saw A nor the test split (symmetric scoring)."""
     from munkey_core.data import datasets as data_mod
     from munkey_core.run.classifier import classifier_recipe, train_classifier
 
     ds = data_mod.load_dataset("digits", seed=0)
-    pool = ds.train.subset(np.sort(np.random.default_rng(0).choice(len(ds.train), 300, replace=False)))
+    pool = np.sort(np.random.default_rng(0).choice(len(ds.train), 300, replace=False))  # rows of ds.train
 
-    def train(ids: np.ndarray, seed: int):
-        keep = np.isin(pool.ids, ids)
+    def train(rows: np.ndarray, seed: int):
         cfg, tc, _ = classifier_recipe("vit", "tiny", ds.num_classes, ds.channels,
                                        {"epochs": 80, "augment_shift": 0.0, "seed": seed})
-        return train_classifier(cfg, tc, pool.images[keep], pool.labels[keep], progress=False)[0], cfg.img_size
+        return train_classifier(cfg, tc, ds.train.images[rows], ds.train.labels[rows], progress=False)[0], cfg.img_size
 
-    ref_halves = half_splits(pool.ids, 2, seed=0)
-    refs = [train(h, 0)[0] for h in ref_halves]
-    target_halves = half_splits(pool.ids, 2, seed=7)
-    (member_model, size), (other_model, _) = train(target_halves[0], 1), train(target_halves[1], 1)
-    forget = pool.subset(np.isin(pool.ids, target_halves[0]))
-    attack = StrongAttack(ReferenceModels(refs, ref_halves, size), (forget.images, forget.labels, forget.ids),
-                          (ds.test.images, ds.test.labels))
-    return attack, forget, ds.test, member_model, other_model, size
+    a_ids, b_ids = half_splits(ds.train.ids[pool], 2, seed=7)
+    a_rows, b_rows = np.flatnonzero(np.isin(ds.train.ids, a_ids)), np.flatnonzero(np.isin(ds.train.ids, b_ids))
+    (member_model, size), (other_model, _) = train(a_rows, 1), train(b_rows, 1)
+    ref_halves = half_splits(b_ids, 2, seed=0)
+    refs = [train(np.flatnonzero(np.isin(ds.train.ids, h)), 10 + i)[0] for i, h in enumerate(ref_halves)]
+    test_rows = np.arange(len(ds.test))
+    attack = StrongAttack(classifier_references(refs, ref_halves, ds, size), ds, a_rows, test_rows)
+    return attack, ds, a_rows, member_model, other_model, size, refs, ref_halves
 
 
 def test_strong_attack_on_real_models(digits_models) -> None:
-    attack, forget, test, member_model, other_model, size = digits_models
-    probs = {name: (classifier_probs(m, forget.images, size), classifier_probs(m, test.images, size))
+    attack, ds, a_rows, member_model, other_model, size, _, _ = digits_models
+    assert attack.symmetric and attack.family == "vit" and attack.n_refs == 2
+    forget_images, forget_labels = ds.train.images[a_rows], ds.train.labels[a_rows]
+    probs = {name: (classifier_probs(m, forget_images, size), classifier_probs(m, ds.test.images, size))
              for name, m in (("member", member_model), ("other", other_model))}
-    assert attack.auc(*probs["member"]) > 60  # the target memorised its training half
-    assert attack.auc(*probs["other"]) == pytest.approx(50, abs=6)  # never saw it
+    member, other = attack.metrics(*probs["member"]), attack.metrics(*probs["other"])
+    assert member["MIA"] > 60  # the target memorised its training half (the positive control)
+    assert other["MIA"] == pytest.approx(50, abs=6)  # never saw it
+    # the TPRs at low FPR against sklearn's ROC on the attack's own scores, test samples weighted by hand
+    # to the forget set's class mix
+    from sklearn.metrics import roc_curve
+
+    f, t = attack.scores(*probs["member"])
+    fy, ty = ds.train.labels[a_rows], ds.test.labels
+    w = np.array([np.mean(fy == c) / np.mean(ty == c) for c in ty])
+    fp, tp, _ = roc_curve(np.r_[np.ones(len(f)), np.zeros(len(t))], np.r_[f, t], sample_weight=np.r_[np.ones(len(f)), w],
+                          drop_intermediate=False)
+    for key, fpr in (("TPR@1%", 0.01), ("TPR@0.1%", 0.001)):
+        assert member[key] == pytest.approx(100 * tp[fp <= fpr + 1e-12].max())
+    assert attack.auc(*probs["member"]) == member["MIA"]
     # the cheap attack agrees in direction
-    assert cheap_mia(probs["member"][0], forget.labels, probs["member"][1], test.labels) > 60
+    assert cheap_mia(probs["member"][0], forget_labels, probs["member"][1], ds.test.labels) > 60
+
+
+def test_forget_and_test_samples_are_scored_against_the_same_references(digits_models) -> None:
+    attack, ds, a_rows, member_model, _, size, refs, ref_halves = digits_models
+    # by hand: every reference is out for both sets, so each score uses the mean over all of them
+    f_ref = np.stack([classifier_probs(m, ds.train.images[a_rows], size)[np.arange(len(a_rows)),
+                                                                            ds.train.labels[a_rows]] for m in refs])
+    target = classifier_probs(member_model, ds.train.images[a_rows], size)[np.arange(len(a_rows)),
+                                                                           ds.train.labels[a_rows]]
+    p_ref = 0.5 * ((1 + RMIA_A) * f_ref.mean(0) + 1 - RMIA_A)
+    forget_scores, _ = attack.scores(classifier_probs(member_model, ds.train.images[a_rows], size),
+                                     classifier_probs(member_model, ds.test.images, size))
+    np.testing.assert_allclose(forget_scores, np.log(target) - np.log(p_ref), rtol=1e-6, atol=1e-9)
+    # references that trained on forget samples make the scoring asymmetric, and the attack says so
+    leaky = StrongAttack(classifier_references(refs, [ds.train.ids[a_rows], ref_halves[1]], ds, size), ds, a_rows,
+                         np.arange(len(ds.test)))
+    assert not leaky.symmetric
 
 
 def test_reference_member_mask() -> None:
-    refs = ReferenceModels([], [np.array([1, 3]), np.array([2, 4])], img_size=8)
+    refs = ReferenceModels([], [np.array([1, 3]), np.array([2, 4])], "vit")
     np.testing.assert_array_equal(refs.member_mask(np.array([1, 2, 5])), [[True, False, False], [False, True, False]])

@@ -63,3 +63,32 @@ def test_evaluate_oracle_trains_once_and_reports_gaps(tiny_run: Path, capsys: py
     assert main(["evaluate", str(tiny_run), "--oracle", "--json", "--max-samples", "0"]) == 0
     second = json.loads(capsys.readouterr().out)
     assert not second["oracle_trained"] and second["oracle"] == first["oracle"] and second["run"] == first["run"]
+    # the noise floor: one more M-oracle, another training seed, the same split and forget set
+    assert main(["evaluate", str(tiny_run), "--oracle", "--json", "--max-samples", "0", "--noise-floor", "1"]) == 0
+    third = json.loads(capsys.readouterr().out)
+    (twin,) = third["noise_floor"]["oracles"]
+    assert twin["trained"] and twin["train_seed"] == 1000
+    assert Path(twin["path"]) == oracle_path(tiny_run, deleted, "munkey", 1000) != oracle
+    twin_cfg = json.loads((Path(twin["path"]) / "config.json").read_text())
+    assert twin_cfg["train"]["seed"] == 1000 and twin_cfg["train"]["split_seed"] == cfg["train"]["seed"] == 0
+    assert sorted(bank_ids(Path(twin["path"]))) == sorted(bank_ids(oracle))  # the same retain set
+    assert (Path(twin["path"]) / "model.pt").read_bytes() != (oracle / "model.pt").read_bytes()
+    expect = sum(abs(twin["metrics"][k] - third["oracle"][k]) for k in ("TA", "RA", "FA", "MIA")) / 4
+    assert twin["AvgGap"] == pytest.approx(expect) == third["noise_floor"]["AvgGap"]
+    assert third["oracle"] == first["oracle"] and not third["oracle_trained"]
+
+
+def test_split_seed_fixes_the_data_while_the_training_seed_varies(cache_dir: Path, tmp_path: Path) -> None:
+    from munkey_core.config import TrainConfig
+    from munkey_core.service import MunkeyRun, train_run
+
+    assert TrainConfig(seed=3).data_seed == 3 and TrainConfig(seed=3, split_seed=0).data_seed == 0
+    runs = {}
+    for name, over in {"a": {"seed": 0}, "b": {"seed": 7, "split_seed": 0}, "c": {"seed": 7}}.items():
+        train_run("digits", tmp_path / name, profile="tiny", device="cpu", progress=False,
+                  overrides={"epochs": 1, **over})
+        runs[name] = MunkeyRun(tmp_path / name, device="cpu")
+    ids = {k: sorted(bank_ids(tmp_path / k)) for k in runs}
+    assert ids["a"] == ids["b"] != ids["c"]  # the split follows split_seed, else seed (as before)
+    assert np.array_equal(runs["b"].dataset.train.ids, data_mod.load_dataset("digits", seed=0).train.ids)
+    assert runs["a"].model_fingerprint != runs["b"].model_fingerprint  # trained differently

@@ -307,10 +307,16 @@ def render_html(receipt: dict) -> str:
         ], ("check", "result")) + _table([
             ("FA on this request's samples, before", ev.get("request_FA_before")),
             ("FA on this request's samples, after", ev.get("request_FA_after")),
+            ("Accuracy on unseen test samples of the same classes", ev.get("TA_same_classes")),
+            ("FA after minus that (± its standard error)", None if ev.get("FA_minus_TA_same_classes") is None else
+             f"{ev['FA_minus_TA_same_classes']:+.2f} ± {ev.get('difference_se') or 0:.2f}"),
             ("MIA AUC on this request's samples (vs test)", ev.get("request_MIA")),
+            ("MIA TPR at 1% / 0.1% FPR", None if ev.get("TPR@1%") is None else
+             f"{ev['TPR@1%']:.2f} / {ev.get('TPR@0.1%'):.2f}"),
             ("MIA attack", ev.get("MIA_attack")),
             ("Gaps to a retrained oracle", ev.get("oracle_gaps")),
-        ], ("measure", "value")) + f"<p class=note>{e(str(ev.get('oracle_note') or ''))}</p>")
+        ], ("measure", "value")) + f"<p class=note>{e(str(ev.get('same_class_note') or ''))}</p>"
+            f"<p class=note>{e(str(ev.get('oracle_note') or ''))}</p>")
         if b.get("recovered"):
             parts.append("<p class=note>This deletion was interrupted and finished automatically when the run was "
                          "next opened.</p>")

@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "perf": ".perf",
     "unact": ".unact",
     "fidelity": ".fidelity",
+    "ulira": ".ulira",
 }
 
 

@@ -172,7 +172,7 @@ class FidelityBench:
         scored against the same references), cached in --work/seed_<seed>/refs_<family>_<tag>."""
         from munkey_core.eval.mia import StrongAttack
         from munkey_core.eval.oracles import forget_tag, train_reference_models
-        from munkey_core.unlearn.keydelete import random_ids
+        from munkey_core.data.sampling import random_ids
 
         a = self.args
         excluded = sorted({i for r in self.rates for i in random_ids(ds.train.ids, r, seed)})

@@ -8,7 +8,10 @@
   well above the K used at inference; and none of them is in the bank in memory, in the bank file
   or in any checkpoint. Cost: two bank searches and reading the id column of each saved file.
 - `request_accuracy_and_mia`: FA on this request's samples and the cheap membership attack (forget
-  vs test, metrics.mia_auc). Cost: forwards over the request and over <= max_samples test images.
+  vs test, metrics.mia_auc, with its TPR at 1% / 0.1% FPR), next to the accuracy on *unseen test
+  samples of the same classes* (weighted to the request's class mix, not TA overall) and what that
+  comparison does and does not show (`SAME_CLASS_NOTE`). Cost: forwards over the request and over
+  <= max_samples test images.
 Tests: tests/test_audit.py, tests/test_purge.py.
 """
 
@@ -21,13 +24,20 @@ import numpy as np
 import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.eval.metrics import MIA_CHEAP, accuracy, cross_entropy, mia_auc
+from munkey_core.eval.metrics import MIA_CHEAP, accuracy, class_weights, cross_entropy, mia_auc, mia_tprs
 from munkey_core.run.rows import bank_ids, checkpoint_ids_present
 
 if TYPE_CHECKING:
     from munkey_core.service import MunkeyRun
 
 PROBE_CAP = 2000
+SAME_CLASS_NOTE = (
+    "The deleted samples are compared with unseen test samples of the same classes (weighted to the deleted "
+    "samples' class mix). A difference within about two standard errors, and a membership-attack AUC near 50, say "
+    "the model now treats the deleted samples, on average, like samples it never saw. This is a population "
+    "comparison: it does not show that no single deleted sample is still recognised (a per-example attack, "
+    "'munkey bench ulira', measures that), nor that the model matches one retrained without them (only a "
+    "retrained oracle shows that, next to its noise floor: 'munkey evaluate RUN --oracle --noise-floor 2').")
 ORACLE_NOTE = ("No retrained oracle (the same model trained without the deleted samples) exists for this run, so "
                "the gaps to it cannot be computed; they are recorded as null.")
 
@@ -152,6 +162,30 @@ def request_accuracy_and_mia(run: "MunkeyRun", ids: Sequence[int], max_samples: 
     test = run.predict_prepared(ds.test.images[test_idx], run.split_keys("test")[test_idx],
                                 neighbour_predictions=False)
     ty = ds.test.labels[test_idx]
-    return {"FA": accuracy(fgt.labels, fy), "MIA": mia_auc(cross_entropy(fgt.probs, fy), fy,
-                                                          cross_entropy(test.probs, ty), ty),
-            "MIA_attack": MIA_CHEAP, "n": int(len(idx)), "n_test": int(len(test_idx))}
+    f_loss, t_loss = cross_entropy(fgt.probs, fy), cross_entropy(test.probs, ty)
+    return {"FA": accuracy(fgt.labels, fy), "MIA": mia_auc(f_loss, fy, t_loss, ty),
+            **mia_tprs(-f_loss, fy, -t_loss, ty), "MIA_attack": MIA_CHEAP, "n": int(len(idx)),
+            "n_test": int(len(test_idx)), **same_class_comparison(fgt.labels == fy, fy, test.labels == ty, ty)}
+
+
+def same_class_comparison(forget_correct: np.ndarray, forget_labels: np.ndarray, test_correct: np.ndarray,
+                          test_labels: np.ndarray) -> dict:
+    """FA next to the accuracy on unseen test samples of the same classes, reweighted to the forget
+    samples' class mix (percent), their difference and its standard error (binomial, both sides)."""
+    keep, w = class_weights(forget_labels, test_labels)  # w sums to 1 over the test samples of shared classes
+    if not keep.any():
+        return {"TA_same_classes": None, "FA_minus_TA_same_classes": None, "difference_se": None,
+                "same_class_note": SAME_CLASS_NOTE}
+    fa = float(np.mean(forget_correct[keep]))
+    ta = float(np.sum(w * test_correct))
+    var_f = fa * (1 - fa) / keep.sum()
+    var_t = sum(w[test_labels == c].sum() ** 2 * _binom_var(test_correct[test_labels == c])
+                for c in np.unique(forget_labels[keep]))
+    return {"TA_same_classes": 100.0 * ta, "FA_minus_TA_same_classes": 100.0 * (fa - ta),
+            "difference_se": 100.0 * float(np.sqrt(var_f + var_t)), "same_class_note": SAME_CLASS_NOTE}
+
+
+def _binom_var(correct: np.ndarray) -> float:
+    """Variance of the mean of 0/1 outcomes."""
+    p = float(np.mean(correct))
+    return p * (1 - p) / len(correct)

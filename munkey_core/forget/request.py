@@ -366,7 +366,9 @@ def _measure_after(run: "MunkeyRun", journal: dict, keys, report: Progress, reco
     crash_point("evaluated")
     ev.update({"request_FA_before": journal["request_FA_before"], "request_FA_after": req.get("FA"),
                "request_MIA": req.get("MIA"), "MIA_attack": MIA_CHEAP, "oracle": None, "oracle_gaps": None,
-               "oracle_note": ORACLE_NOTE})
+               "oracle_note": ORACLE_NOTE,
+               **{k: req.get(k) for k in ("TPR@1%", "TPR@0.1%", "TA_same_classes", "FA_minus_TA_same_classes",
+                                          "difference_se", "same_class_note")}})
     notes = [n for n in [journal.get("samples_note")] if n]
     if recovered:
         notes.append("finished when the run was next opened, after the process filing it was interrupted")

@@ -1,0 +1,208 @@
+"""The work behind `munkey bench ulira` (see bench/ulira.py for what it measures)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from munkey_core.errors import MunkeyError
+from munkey_core.atomic import atomic_write_json, read_json
+
+NONE = "no unlearning (positive control)"
+KEY_DELETION = "MUNKEY key deletion"
+COLUMNS = ("family", "method", "accuracy", "accuracy_lo", "accuracy_hi", "AUC", "AUC_lo", "AUC_hi",
+           "TPR@1%", "TPR@1%_lo", "TPR@1%_hi", "TPR@0.1%", "TPR@0.1%_lo", "TPR@0.1%_hi", "shadows", "targets",
+           "pairs_unlearned", "pairs_retrained")
+
+
+class UliraBench:
+    """Trains the shadow models that are missing, unlearns, scores, writes the table."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from munkey_core.unlearn.posthoc import METHODS
+
+        self.args = args
+        if args.shadows < 8 or args.shadows % 2:
+            raise MunkeyError(f"--shadows must be an even number >= 8 (each target needs >= 3 shadows of each kind "
+                              f"besides the one attacked); got {args.shadows}.")
+        if args.targets < 2:
+            raise MunkeyError(f"--targets must be at least 2; got {args.targets}.")
+        self.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise MunkeyError(f"Unknown method(s) {bad}; choose from: {', '.join(METHODS)}.")
+        name = f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}_seed{args.seed}_t{args.targets}"
+        self.work = Path(args.work) / name
+        # each family's shadows are cached under its own recipe: changing one family's options keeps the other's
+        self.folders = {"munkey": self.work / f"munkey_e{args.epochs}",
+                        "vit": self.work / f"vit_e{args.vit_epochs}_shift{args.vit_shift:g}"}
+        self.trained = 0
+
+    # ----- data -----------------------------------------------------------------------------
+    def _setup(self):
+        """(dataset, targets (T,) row indices into the training split, halves: member row sets per shadow)."""
+        from munkey_core.data import datasets as data_mod
+        from munkey_core.eval.mia import half_splits
+
+        a = self.args
+        ds = data_mod.load_dataset(a.dataset, a.data_root, seed=a.seed, max_train=a.max_train or None)
+        n = len(ds.train)
+        if a.targets > n // 2:
+            raise MunkeyError(f"--targets {a.targets} is more than half the training split ({n}); ask for fewer.")
+        targets = np.sort(np.random.default_rng([a.seed, 1]).choice(n, size=a.targets, replace=False))
+        halves = half_splits(np.arange(n), a.shadows, seed=a.seed)  # row indices, complementary pairs
+        return ds, targets, halves
+
+    # ----- one shadow -----------------------------------------------------------------------
+    def _munkey_shadow(self, ds, keys: np.ndarray, rows: np.ndarray, targets: np.ndarray, seed: int) -> dict:
+        """Probabilities (T, C) on the targets of a MUNKEY trained on `rows`, before and after deleting
+        the keys of the targets it trained on."""
+        import copy
+
+        from munkey_core.config import resolve_device, resolve_profile, with_overrides
+        from munkey_core.model.munkey_vit import preprocess_images
+        from munkey_core.model.predict import predict
+        from munkey_core.training.train import TrainData, train_munkey
+
+        a = self.args
+        prof = resolve_profile(a.profile)
+        over = {"epochs": a.epochs, "seed": seed}
+        cfg = with_overrides(prof.train, over)
+        mcfg = with_overrides(prof.model, {"in_chans": ds.channels, "num_classes": ds.num_classes})
+        tr = ds.train
+        res = train_munkey(mcfg, cfg, TrainData(tr.images[rows], tr.labels[rows], tr.ids[rows], keys[rows]),
+                           device=resolve_device(a.device), progress=False)
+        model, bank = res.model, res.bank
+        dev = next(model.parameters()).device
+        x = preprocess_images(torch.from_numpy(np.ascontiguousarray(tr.images[targets])).to(dev), mcfg.img_size)
+
+        def probs(b) -> np.ndarray:
+            return predict(model, b, x, keys[targets], k=cfg.k, tau=cfg.tau, neighbour_predictions=False).probs
+
+        out = {NONE: probs(bank)}
+        gone = copy.deepcopy(bank)
+        gone.delete([int(i) for i in tr.ids[np.intersect1d(rows, targets)]])
+        gone.compact()
+        out[KEY_DELETION] = probs(gone)
+        return out
+
+    def _vit_shadow(self, ds, rows: np.ndarray, targets: np.ndarray, seed: int) -> dict:
+        """Probabilities (T, C) on the targets of a plain ViT trained on `rows`, as trained and after each
+        post-hoc method unlearned the targets it trained on (its retain set: the other rows)."""
+        from munkey_core.config import resolve_device
+        from munkey_core.eval.mia import classifier_probs
+        from munkey_core.run.classifier import classifier_recipe, train_classifier
+        from munkey_core.model.munkey_vit import preprocess_images
+        from munkey_core.unlearn.posthoc import run_posthoc
+
+        a = self.args
+        tr = ds.train
+        cfg, tcfg, _ = classifier_recipe("vit", a.profile, ds.num_classes, ds.channels,
+                                         {"epochs": a.vit_epochs, "augment_shift": a.vit_shift, "seed": seed})
+        dev = resolve_device(a.device)
+        model, _ = train_classifier(cfg, tcfg, tr.images[rows], tr.labels[rows], device=dev, progress=False)
+        out = {NONE: classifier_probs(model, tr.images[targets], cfg.img_size)}
+        forget_rows = np.intersect1d(rows, targets)
+        retain_rows = np.setdiff1d(rows, targets)
+
+        def to_input(u8: np.ndarray) -> torch.Tensor:
+            return preprocess_images(torch.from_numpy(np.ascontiguousarray(u8)).to(dev), cfg.img_size)
+
+        for method in self.methods:
+            r = run_posthoc(method, model, to_input, (tr.images[forget_rows], tr.labels[forget_rows]),
+                            (tr.images[retain_rows], tr.labels[retain_rows]), num_classes=ds.num_classes, seed=seed)
+            out[method] = classifier_probs(r.model, tr.images[targets], cfg.img_size)
+        return out
+
+    def _shadow(self, family: str, s: int, ds, keys, rows, targets) -> dict:
+        """Cached outputs of shadow `s` of `family`: method -> probabilities (T, C)."""
+        path = self.folders[family] / f"shadow_{s:03d}.json"
+        tag = {"methods": self.methods if family == "vit" else [], "targets": targets.tolist(), "rows": len(rows)}
+        if path.exists() and read_json(path).get("tag") == tag:
+            return {k: np.asarray(v) for k, v in read_json(path)["probs"].items()}
+        seed = 1000 * (self.args.seed + 1) + s  # every shadow its own training seed
+        out = (self._munkey_shadow(ds, keys, rows, targets, seed) if family == "munkey"
+               else self._vit_shadow(ds, rows, targets, seed))
+        self.trained += 1
+        atomic_write_json(path, {"tag": tag, "probs": {k: v.tolist() for k, v in out.items()}})
+        return out
+
+    # ----- the attack ---------------------------------------------------------------------------
+    def measure(self) -> list[dict]:
+        from munkey_core.keys import encoders as keys_mod
+        from munkey_core.config import resolve_device
+        from munkey_core.eval.ulira import logit_confidence, ulira_report, ulira_scores
+
+        a = self.args
+        ds, targets, halves = self._setup()
+        families = ["munkey"] + (["vit"] if self.methods else [])
+        enc = keys_mod.load_encoder(a.encoder or keys_mod.DEFAULT_ENCODER, device=resolve_device(a.device))
+        keys = keys_mod.cached_keys(enc, ds.train.images, ds.train.ids, dataset=ds.name, split="train", progress=False)
+        unlearned = np.stack([np.isin(targets, h) for h in halves])  # (S, T)
+        labels = ds.train.labels[targets]
+        rows: list[dict] = []
+        for family in families:
+            outs = [self._shadow(family, s, ds, keys, h, targets)
+                    for s, h in enumerate(tqdm(halves, desc=f"{family} shadows", unit="model", dynamic_ncols=True))]
+            for method in outs[0]:
+                obs = np.stack([logit_confidence(o[method], labels) for o in outs])  # (S, T)
+                rep = ulira_report(method, ulira_scores(obs, unlearned, variance=a.variance), unlearned, seed=a.seed)
+                row = {"family": "MUNKEY" if family == "munkey" else "plain ViT", "method": method,
+                       "shadows": rep.n_shadows, "targets": rep.n_targets,
+                       "pairs_unlearned": rep.n_pairs_unlearned, "pairs_retrained": rep.n_pairs_retrained}
+                for k, v in rep.values.items():
+                    row[k], (row[f"{k}_lo"], row[f"{k}_hi"]) = v, rep.ci[k]
+                rows.append(row)
+        return rows
+
+    def table(self, rows: list[dict], wall: float) -> str:
+        a = self.args
+
+        def cell(r: dict, k: str) -> str:
+            return f"{r[k]:.1f} [{r[k + '_lo']:.1f}, {r[k + '_hi']:.1f}]"
+
+        n_neg = rows[0]["pairs_retrained"] if rows else 0
+        lines = [f"## Per-example unlearning attack (U-LiRA style): {a.dataset}, profile {a.profile}", "",
+                 f"MUNKEY shadows: the profile's recipe, {a.epochs} epochs. Plain ViT shadows: the same backbone and "
+                 f"recipe, {a.vit_epochs} epochs, random shift {a.vit_shift:g} (trained to memorise, so the post-hoc "
+                 "methods have something to forget).", "",
+                 f"{a.shadows} shadow models per family on complementary random halves of the training split, "
+                 f"{a.targets} target examples (seed {a.seed}), each unlearned from the {a.shadows // 2} shadows that "
+                 "trained on it; per (shadow, target) a likelihood-ratio test, leaving that shadow out, of whether it "
+                 f"looks unlearned or retrained ({a.variance} variance). Values in percent with 95% bootstrap intervals "
+                 "over targets; 50 = indistinguishable from retraining. 'No unlearning' is the positive control "
+                 f"(the attack's power). TPR at 0.1% FPR rests on {n_neg} retrained pairs: below "
+                 f"1/{n_neg} = {100 / max(n_neg, 1):.2f}% FPR it counts only unlearned pairs scored above every "
+                 "retrained one.", "",
+                 f"Wall time of this invocation: {wall:.0f} s ({self.trained} shadow model(s) trained by it).", "",
+                 "Command: `munkey " + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "`", "",
+                 "| family | method | accuracy | AUC | TPR@1% FPR | TPR@0.1% FPR |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['family']} | {r['method']} | " + " | ".join(
+                cell(r, k) for k in ("accuracy", "AUC", "TPR@1%", "TPR@0.1%")) + " |")
+        return "\n".join(lines) + "\n"
+
+    def run(self) -> int:
+        t0 = time.perf_counter()
+        rows = self.measure()
+        text = self.table(rows, time.perf_counter() - t0)
+        print(text)
+        if self.args.out:
+            out = Path(self.args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            name = f"ulira_{self.args.dataset.replace(':', '_').replace('/', '_')}"
+            (out / f"{name}.md").write_text(text)
+            with open(out / f"{name}.csv", "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=COLUMNS)
+                w.writeheader()
+                w.writerows({c: r.get(c) for c in COLUMNS} for r in rows)
+            print(f"wrote {out / name}.md and .csv")
+        return 0
