@@ -158,10 +158,11 @@ def _add_unact(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--class", dest="cls", type=int, help="take the images from this class of the training split")
     p.add_argument("--n", type=int, default=0, help="with --class: how many images (default 0 = all)")
     p.add_argument("--seed", type=int, default=0, help="with --class and --n: which images")
-    p.add_argument("--method", default="unact", choices=["unact", "ssd", "lfssd", "keys", "keys+unact"],
+    p.add_argument("--method", default="unact", choices=["unact", "ssd", "lfssd", "keys", "keys+unact", "mask"],
                    help="unact (default); ssd / lfssd (classifier runs); keys = delete every key of the class, "
-                   "keys+unact = both (MUNKEY runs)")
-    p.add_argument("--p", type=float, default=None, help="percentile of units dampened each round (ResNet 99, ViT 85, MUNKEY backbone 99)")
+                   "keys+unact = both (MUNKEY runs; UnAct along the inference path); mask = the class's logit "
+                   "forced down (the trivial suppression, for comparison)")
+    p.add_argument("--p", type=float, default=None, help="percentile of units dampened each round (ResNet 99, ViT 85, MUNKEY backbone 90)")
     p.add_argument("--gamma", type=float, default=None, help="damping factor in (0, 1) (ResNet 0.01, ViT 0.1, MUNKEY 0.01)")
     p.add_argument("--k", type=int, default=None, help="rounds (ResNet 20, ViT 5, MUNKEY 20)")
     p.add_argument("--score", default=None, choices=["activation", "attribution"],
@@ -441,7 +442,7 @@ def _free_dir(base: Path) -> Path:
 def cmd_unact(args: argparse.Namespace) -> int:
     from munkey_core.unlearn.classforget import ClassEditor
     from munkey_core.data.images import read_image_dir
-    from munkey_core.unlearn.unact import UnActConfig
+    import dataclasses
 
     editor = ClassEditor(args.run, device=args.device)
     if args.images is not None:
@@ -450,8 +451,9 @@ def cmd_unact(args: argparse.Namespace) -> int:
     else:
         images, cls = editor.class_images(args.cls, args.n, seed=args.seed), args.cls
     base = editor.default_config()
-    cfg = UnActConfig(base.p if args.p is None else args.p, base.gamma if args.gamma is None else args.gamma,
-                      base.k if args.k is None else args.k, args.score or base.score)
+    cfg = dataclasses.replace(base, p=base.p if args.p is None else args.p,
+                              gamma=base.gamma if args.gamma is None else args.gamma,
+                              k=base.k if args.k is None else args.k, score=args.score or base.score)
     cfg.check()
     if args.train_oracle:
         editor.train_oracle(editor.pseudo_label(images) if cls is None else cls)

@@ -8,6 +8,7 @@ alone (MUNKEY runs). Keeping the edited model saves it as a new run and needs th
 the original run is never modified.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,6 @@ from munkey_core.unlearn.classforget import ClassEditor
 from munkey_core.dashboard.classforget_job import ClassUnlearnJob
 from munkey_core.run.classifier import RESNET_PROFILES, classifier_runs_in, train_classifier_run
 from munkey_core.errors import MunkeyError
-from munkey_core.unlearn.unact import UnActConfig
 from munkey_core.dashboard.views import TrainingJob, credential_gate
 from pages._common import (IMAGE_TYPES, ROOT, configured_token, decoded_uploads, fmt, require_run, run_dir,
                            user_errors)
@@ -151,7 +151,7 @@ running = job is not None and job.state == "running"
 if st.button("Run the request", type="primary", key="class_run", disabled=images is None or running,
              icon=":material/play_arrow:"):
     with user_errors():
-        cfg = UnActConfig(float(p), float(gamma), int(k), score)
+        cfg = replace(base, p=float(p), gamma=float(gamma), k=int(k), score=score)  # the stopping rule stays
         cfg.check()
         job = ClassUnlearnJob(editor, method, images, cls=cls, cfg=cfg, compare=compare)
         st.session_state[JOB_KEY] = job

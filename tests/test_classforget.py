@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 from PIL import Image
 
@@ -130,8 +131,24 @@ def test_munkey_class_key_deletion_and_unact(tiny_run: Path, capsys) -> None:
     code, text, _ = run_cli(capsys, "audit", "show", str(out), "--json")
     entries = json.loads(text)["entries"]
     assert entries[-1]["operator"] == "alice" and len(entries[-1]["deleted"]) == row["keys_deleted"]
-    keys_only, _, _ = ClassEditor(tiny_run, device="cpu").request("keys", ClassEditor(tiny_run, device="cpu").class_images(2, 20))
+    ed = ClassEditor(tiny_run, device="cpu")
+    keys_only, _, _ = ed.request("keys", ed.class_images(2, 20))
     assert keys_only.after.Af >= row["Af"]  # UnAct on the backbone adds to what key deletion alone does
+    assert row["stop"] == "forgotten" and row["p"] == 90.0  # the MUNKEY working point
+
+
+def test_mask_suppresses_the_output_and_changes_nothing_else(tiny_run: Path, tiny_classifier_runs) -> None:
+    for path in (tiny_run, tiny_classifier_runs["resnet18"]):
+        ed = ClassEditor(path, device="cpu")
+        req, model, bank = ed.request("mask", ed.class_images(6, 5), cls=6)
+        assert req.after.Af == 0.0 and bank is None
+        changed = [k for k, v in model.state_dict().items() if not torch.equal(v, ed.model.state_dict()[k])]
+        assert sorted(changed) == sorted(k for k in changed if k.endswith(("head.weight", "head.bias", "fc.weight",
+                                                                            "fc.bias"))) and len(changed) == 2
+        if ed.kind == "classifier":  # one forward: an image not predicted 6 keeps its prediction
+            before = ed.predict_test(ed.model, bank)
+            after = ed.predict_test(model, bank)
+            assert np.all(after[before != 6] == before[before != 6])
 
 
 def test_munkey_class_oracle_is_trained_without_the_class(cache_dir, tmp_path: Path) -> None:

@@ -12,30 +12,47 @@ import torch
 
 from munkey_core.unlearn.classforget import ClassEditor
 from munkey_core.errors import MunkeyError
-from munkey_core.unlearn.unact import UnActConfig, ViTScope, scope_for, select_units, unact
+from munkey_core.unlearn.unact import UnActConfig, ViTScope, scope_for, select_units, unact, vit_blocks
 
 
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _np_reference_select(scores, p) -> set[int]:
+    """The reference rule written out with numpy and a loop: linear-interpolated quantile of the sorted
+    scores, then every unit whose score is >= it."""
+    s = np.asarray(scores, dtype=np.float64)
+    v = np.sort(s)
+    pos = (len(v) - 1) * p / 100.0
+    lo, hi = int(np.floor(pos)), int(np.ceil(pos))
+    threshold = v[lo] + (v[hi] - v[lo]) * (pos - lo)
+    return {i for i in range(len(s)) if s[i] >= threshold}
+
+
 @pytest.mark.parametrize("scores, p, expected", [
-    ([1.0, 3.0, 3.0, 2.0], 50, [1, 2]),            # m = 4 - ceil(3 * 0.5) = 2; tie 3/3 -> lower index first
-    ([5.0, 2.0, 2.0, 2.0, 1.0], 60, [0, 1]),        # m = 5 - ceil(4 * 0.6) = 2; the tie at 2 is cut by index
-    ([2.0, 2.0, 2.0, 2.0], 90, [0]),                # all tied: exactly m = 1, the lowest index
+    ([1.0, 3.0, 3.0, 2.0], 50, [1, 2]),             # quantile 2.5: both 3s
+    ([5.0, 2.0, 2.0, 2.0, 1.0], 60, [0, 1, 2, 3]),  # quantile 2.0 lands on the tie: every 2 is selected
+    ([2.0, 2.0, 2.0, 2.0], 90, [0, 1, 2, 3]),       # all tied: all selected (the reference's `>=`)
+    ([0.0] * 6 + [3.0, 2.0, 1.0, 0.5], 50, [6, 7, 8, 9, 0, 1, 2, 3, 4, 5]),  # dead channels: quantile 0, all in
     ([0.1, 0.4, 0.3], 0, [1, 2, 0]),                # p = 0 selects every unit, in rank order
-    ([0.1, 0.4, 0.3], 100, [1]),                    # p = 100 selects the single top unit
+    ([0.1, 0.4, 0.3], 100, [1]),                    # p = 100 selects the top unit
 ])
-def test_select_units_percentile_and_ties(scores, p, expected) -> None:
+def test_select_units_is_the_reference_quantile_rule_with_ties(scores, p, expected) -> None:
     assert select_units(np.array(scores), p).tolist() == expected
+    assert set(expected) == _np_reference_select(scores, p)
 
 
-def test_select_units_count_matches_the_percentile_rule() -> None:
+def test_select_units_matches_an_independent_numpy_implementation() -> None:
     rng = np.random.default_rng(0)
     for n in (7, 64, 512, 1000):
         for p in (0, 50, 85, 90, 99, 100):
-            chosen = select_units(rng.normal(size=n), p)
-            assert len(chosen) == n - math.ceil((n - 1) * p / 100)
+            for scores in (rng.normal(size=n), np.round(rng.normal(size=n), 1), np.maximum(rng.normal(size=n), 0)):
+                chosen = select_units(scores, p)
+                assert set(chosen.tolist()) == _np_reference_select(scores, p)
+                assert np.all(np.diff(scores[chosen]) <= 0)  # rank order
+            distinct = rng.permutation(n).astype(float)  # no ties: the count is n - ceil((n - 1) p / 100)
+            assert len(select_units(distinct, p)) == n - math.ceil((n - 1) * p / 100 - 1e-9)
 
 
 @pytest.fixture(scope="module")
@@ -78,38 +95,86 @@ def test_resnet_scores_are_mean_post_relu_channel_activations(resnet_editor: Cla
     assert (scores >= 0).all()  # post-ReLU
 
 
-def _manual_vit_scores(vit, x: torch.Tensor, target: int) -> torch.Tensor:
-    """An independent, block-by-block computation of the first-order attribution at [CLS]."""
+def _manual_vit_parts(vit, x: torch.Tensor, blocks: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Block by block, without hooks: the GELU outputs at [CLS] of the last `blocks` blocks (each (B, H))
+    and the residual stream at [CLS] entering the final LayerNorm (B, D)."""
     with torch.no_grad():
         h = vit.norm_pre(vit._pos_embed(vit.patch_embed(x)))
-        per_block = []
+        gelu = []
         for i, blk in enumerate(vit.blocks):
             h = h + blk.ls1(blk.attn(blk.norm1(h)))
-            g = blk.mlp.act(blk.mlp.fc1(blk.norm2(h)))[:, 0, :]  # (B, H) GELU output at [CLS]
-            if i >= len(vit.blocks) - 4:
-                per_block.append(g)
+            if i >= len(vit.blocks) - blocks:
+                gelu.append(blk.mlp.act(blk.mlp.fc1(blk.norm2(h)))[:, 0, :])
             h = h + blk.ls2(blk.mlp(blk.norm2(h)))
-        cls = h[:, 0, :]
-        sigma = torch.sqrt(cls.var(dim=1, unbiased=False) + vit.norm.eps)
-        head = vit.head.weight
-        u = (head[target] - head.mean(0)) * vit.norm.weight
-        blocks = list(vit.blocks)[-4:]
+    return gelu, h[:, 0, :]
+
+
+def _reference_vit_scores(vit, x: torch.Tensor, target: int, blocks: int) -> list[np.ndarray]:
+    """An independent implementation of the reference's attribution, per block: the first-order change of
+    the margin (logit c - mean logit) when a unit's write g_j w_j is added to the residual stream, with the
+    final LayerNorm's scale held fixed, taken by autograd through the LayerNorm's own arithmetic (so its
+    mean subtraction is in, whatever formula the code under test uses), averaged over the images."""
+    gelu, resid = _manual_vit_parts(vit, x, blocks)
+    out = []
+    for g, blk in zip(gelu, list(vit.blocks)[-blocks:]):
         cols = []
-        for g, blk in zip(per_block, blocks):
-            for j in range(g.shape[1]):
-                cols.append(g[:, j] * torch.dot(blk.mlp.fc2.weight[:, j], u) / sigma)
-        return torch.stack(cols, dim=1)
+        for i in range(len(x)):
+            r = resid[i].detach().clone().requires_grad_(True)
+            sigma = torch.sqrt(resid[i].var(unbiased=False) + vit.norm.eps).detach()
+            normed = (r - r.mean()) / sigma * vit.norm.weight + vit.norm.bias
+            logits = vit.head(normed)
+            margin = logits[target] - logits.mean()
+            grad, = torch.autograd.grad(margin, r)
+            w_out = blk.mlp.fc2.weight.detach()  # (D, H): column j is unit j's write direction
+            cols.append(np.array([float(g[i, j]) * float(grad.detach() @ w_out[:, j]) for j in range(g.shape[1])]))
+        out.append(np.mean(cols, axis=0))
+    return out
 
 
-def test_vit_scores_are_first_order_logit_attributions(vit_editor: ClassEditor) -> None:
+def test_vit_scope_is_the_last_third_of_the_blocks() -> None:
+    assert [vit_blocks(d) for d in (12, 6, 4, 3, 2, 1)] == [4, 2, 2, 1, 1, 1]
+
+
+def test_vit_scores_and_per_block_selection_match_the_reference_rule(vit_editor: ClassEditor) -> None:
     model = vit_editor.working_copy()
     x = vit_editor.to_input(vit_editor.class_images(7, 6))
-    scope = scope_for(model)
-    assert isinstance(scope, ViTScope) and scope.n_units == len(list(model.blocks)[-4:]) * scope.hidden
+    depth = len(model.blocks)
+    scope = scope_for(model, blocks=depth)  # every block, so the selection is per block in more than one
+    assert isinstance(scope, ViTScope) and scope.n_units == depth * scope.hidden
+    assert scope.groups == [(b * scope.hidden, (b + 1) * scope.hidden) for b in range(depth)]
     with torch.no_grad():
         logits, scores = scope.logits_and_scores(x, 7)
-    torch.testing.assert_close(scores, _manual_vit_scores(model, x, 7), rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(logits, model(x))
+    expected = _reference_vit_scores(model, x, 7, depth)
+    np.testing.assert_allclose(scores.double().mean(0).numpy(), np.concatenate(expected), rtol=1e-3, atol=1e-6)
+    res = unact(scope, x, UnActConfig(p=90, gamma=0.5, k=1), target=7)
+    chosen = set(res.rounds[0].selected)
+    want = set()
+    for b, block_scores in enumerate(expected):  # the percentile inside each block separately
+        want |= {b * scope.hidden + j for j in _np_reference_select(block_scores, 90)}
+    assert chosen == want
+    per_block = [sum(1 for u in chosen if b * scope.hidden <= u < (b + 1) * scope.hidden) for b in range(depth)]
+    assert all(n == scope.hidden - math.ceil((scope.hidden - 1) * 0.9) for n in per_block)
+
+
+def test_resnet_dead_channels_are_all_selected_as_the_reference_selects_ties(resnet_editor: ClassEditor) -> None:
+    """Channels whose post-ReLU output is exactly 0 tie at score 0: when the p-th percentile lands on 0 the
+    reference's `>=` selects every one of them (the earlier exact-count rule cut the tie by index)."""
+    model = resnet_editor.working_copy()
+    dead = torch.arange(40)  # 40 of the 64 channels
+    with torch.no_grad():
+        bn = model.layer4[-1].bn2
+        bn.weight[dead] = 0.0
+        bn.bias[dead] = -1e4  # far below anything the shortcut adds: ReLU gives exactly 0
+    x = resnet_editor.to_input(resnet_editor.class_images(3, 12))
+    with torch.no_grad():  # the reference's profile: the block output, spatially averaged, mean over images
+        feats = model.layer4(model.layer3(model.layer2(model.layer1(torch.relu(model.bn1(model.conv1(x)))))))
+        ref_scores = feats.mean(dim=(2, 3)).mean(0).double().numpy()
+    assert np.all(ref_scores[dead.numpy()] == 0.0)
+    res = unact(scope_for(model), x, UnActConfig(p=50, gamma=0.5, k=1))
+    chosen = set(res.rounds[0].selected)
+    assert chosen == _np_reference_select(ref_scores, 50) == set(range(64))  # the median is 0: all selected
+    assert len(chosen) > 64 - math.ceil(63 * 0.5)
 
 
 def test_vit_edit_touches_fc1_rows_bias_and_fc2_columns_only(vit_editor: ClassEditor) -> None:
@@ -235,12 +300,12 @@ def test_stops_early_when_the_edit_changes_nothing(resnet_editor: ClassEditor) -
     assert res.stopped_early and res.rounds == []
 
 
-def test_munkey_backbone_scope_reads_no_bank(tiny_run) -> None:
+def test_munkey_image_pathway_scope_reads_no_bank(tiny_run) -> None:
     ed = ClassEditor(tiny_run, device="cpu")
     imgs = ed.class_images(5, 10)
     model = ed.working_copy()
     ed.run.bank = None  # UnAct on the backbone's image pathway must not need the bank
-    _, res = ed.run_unact(imgs, UnActConfig(p=85, gamma=0.1, k=2), model=model)
+    _, res = ed.run_unact(imgs, UnActConfig(p=85, gamma=0.1, k=2), model=model, path="image", head=False)
     assert res.pseudo_label == 5 and len(res.rounds) == 2
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, ed.model.state_dict()[k])]
     assert changed and all(".mlp.fc" in k for k in changed)
@@ -259,3 +324,44 @@ def test_resnet_attribution_scores_weight_activations_by_the_class_logit_directi
         torch.testing.assert_close(attr.sum(1), logits[:, 8] - logits.mean(1) - (b[8] - b.mean()))
     with pytest.raises(MunkeyError, match="Unknown ResNet scoring"):
         scope_for(model, score="gradient")
+
+
+def test_munkey_inference_path_scores_are_the_ensemble_weighted_forwards(tiny_run) -> None:
+    """Along the inference path an image's score part is the ensemble-weighted sum, over its K neighbours
+    retrieved from the bank, of what one forward with that neighbour's exemplar token gives."""
+    from munkey_core.unlearn.unact import munkey_ensemble_forward
+
+    ed = ClassEditor(tiny_run, device="cpu")
+    imgs = ed.class_images(4, 6)
+    bank, _ = ed.class_bank(4)
+    values, weights = ed.neighbours(imgs, bank)
+    k = ed.run.train_cfg.k
+    assert values.shape[:2] == weights.shape == (6, k)
+    torch.testing.assert_close(weights.sum(1), torch.ones(6, dtype=weights.dtype))
+    # the neighbours come from the bank the class deletion leaves: none of them is labelled 4
+    sims, rows = bank.search(torch.as_tensor(ed.request_keys(imgs)), k)
+    assert not np.any(bank.labels[rows.numpy()] == 4)
+    model = ed.working_copy()
+    x = ed.to_input(imgs)
+    scope = scope_for(model, forward=munkey_ensemble_forward(model, values, weights), head=True)
+    with torch.no_grad():
+        _, base = scope.forward_stats(x, slice(0, 6))
+        expected = torch.zeros_like(base)
+        for j in range(k):  # one plain forward per neighbour (model.forward, not forward_multi)
+            one = scope_for(model, forward=lambda xx, rows, j=j: (model(xx, values[:, j]), None), head=True)
+            expected += weights[:, j, None] * one.forward_stats(x, slice(0, 6))[1]
+    torch.testing.assert_close(base, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_forgotten_stop_ends_once_every_image_gives_the_class_at_most_chance(resnet_editor: ClassEditor) -> None:
+    imgs = resnet_editor.to_input(resnet_editor.class_images(3, 10))
+    full = unact(scope_for(resnet_editor.working_copy(), score="attribution"), imgs,
+                 UnActConfig(p=90, gamma=0.1, k=15, score="attribution"))
+    model = resnet_editor.working_copy()
+    early = unact(scope_for(model, score="attribution"), imgs,
+                  UnActConfig(p=90, gamma=0.1, k=15, score="attribution", stop="forgotten"))
+    assert early.stop_reason == "forgotten" and len(early.rounds) < len(full.rounds) == 15
+    assert [r.selected for r in early.rounds] == [r.selected for r in full.rounds[:len(early.rounds)]]
+    with torch.no_grad():
+        probs = torch.softmax(model(imgs), dim=1)[:, 3]
+    assert float(probs.max()) < 1 / 10  # what the rule promises, checked on the edited model

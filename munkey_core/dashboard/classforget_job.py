@@ -4,7 +4,8 @@
 UI thread. After every UnAct round it measures Af and Ar on a small stratified probe of the test
 split (`PROBE` images), so a page can draw the curve while the job runs; then it measures the
 request on the editor's full test set and, when asked, the comparison methods (SSD and LFSSD on a
-classifier run; key deletion alone and UnAct alone on a MUNKEY run) on the same images.
+classifier run; key deletion alone and UnAct alone on a MUNKEY run; masking the class's logit on
+both) on the same images.
 The edited model stays in memory until `keep` saves it as a new run (or the job is dropped).
 Tests: tests/test_classforget_job.py.
 """
@@ -29,8 +30,8 @@ PROBE = 400
 def comparison_methods(editor: ClassEditor, method: str) -> list[str]:
     """What a request with `method` is compared with on this kind of run."""
     if editor.kind == "classifier":
-        return ["ssd", "lfssd"]
-    return [m for m in ("keys", "unact", "keys+unact") if m != method]
+        return ["ssd", "lfssd", "mask"]
+    return [m for m in ("keys", "unact", "keys+unact", "mask") if m != method]
 
 
 class ClassUnlearnJob(BackgroundJob):

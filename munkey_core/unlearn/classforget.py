@@ -1,4 +1,5 @@
-"""Class unlearning on a run: UnAct, SSD, LFSSD and (MUNKEY runs) class key deletion, with Af/Ar/Delta.
+"""Class unlearning on a run: UnAct, SSD, LFSSD, logit masking and (MUNKEY runs) class key deletion,
+with Af/Ar/Delta.
 
 `ClassEditor` opens a run (a ResNet-18 / ViT classifier run, or a MUNKEY run) and keeps the original
 model untouched: every request edits a working copy, is measured on the test split, and can be saved
@@ -7,7 +8,16 @@ as a *new* run directory (`save`). What each method reads:
 - SSD: the images with their labels (the pseudo-label when the request has none) plus the whole
   training split for I_D (cached per model: "cold" computes it, "warm" reads it). LFSSD: no labels.
 - class key deletion (MUNKEY only): every bank entry labelled with the class; the backbone still sees
-  the image, so it is reported alone and combined with UnAct on the backbone's image pathway.
+  the image, so it is reported alone and combined with UnAct (`keys+unact`, the class removal a MUNKEY
+  run offers). On a MUNKEY run UnAct scores and edits the backbone along the path inference takes:
+  each request image with its K neighbours retrieved from the bank the request leaves (for
+  `keys+unact`: without the class), weighted as the ensemble weighs them; its scope is the MLP neurons
+  of the last third of the blocks plus the classifier's inputs, and it stops once no request image
+  gives the class more than chance (`MUNKEY_CONFIG`; docs/results/unact_digits.md measures it).
+  The pseudo-label is the class the unedited run predicts for the images (its own inference path).
+- mask: the class's output logit forced to -1e4 (the trivial suppression): Af falls to 0 by
+  construction, but nothing inside the model changes: the features, the units and (MUNKEY) the
+  class's keys and exemplars all remain, so a probe on the features or a retrieval still finds it.
 Accuracies: Af = test accuracy on the forgotten class, Ar = on the other classes; with a class oracle
 (the same recipe trained without the class, `oracles/class_C/` inside the run) Delta = |Ar - Ar*| +
 |Af - Af*|. Tests: tests/test_classforget.py.
@@ -16,6 +26,7 @@ Accuracies: Af = test accuracy on the forgotten class, Ar = on the other classes
 from __future__ import annotations
 
 import copy
+import hashlib
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,10 +44,16 @@ from munkey_core.bank.memory import MemoryBank
 from munkey_core.run import rows as runstore
 from munkey_core.model.predict import predict
 from munkey_core.atomic import atomic_torch_save, atomic_write_json, read_json
-from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, ssd_forget
-from munkey_core.unlearn.unact import DEFAULTS, RoundInfo, UnActConfig, munkey_image_forward, scope_for, unact
+from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, reference_order, ssd_forget
+from munkey_core.model.predict import neighbour_weights
+from munkey_core.unlearn.unact import DEFAULTS, RoundInfo, UnActConfig, munkey_ensemble_forward, scope_for, unact
 
-METHODS = ("unact", "ssd", "lfssd", "keys", "keys+unact")
+METHODS = ("unact", "ssd", "lfssd", "keys", "keys+unact", "mask")
+# UnAct on a MUNKEY backbone (along its inference path): p 90 (10 % of each group a round), gamma 0.01,
+# k 20, the classifier's inputs in scope and the "forgotten" stopping rule (docs/results/unact_digits.md)
+MUNKEY_CONFIG = UnActConfig(*DEFAULTS["munkey"], "attribution", stop="forgotten")
+MUNKEY_HEAD = True
+MASK_LOGIT = -1e4
 ORACLE_DIR = "oracles"
 _MUNKEY_TEST_CAP = 2000  # MUNKEY's K-fold ensemble is slower: evaluate on a stratified subset
 
@@ -113,6 +130,7 @@ class ClassEditor:
         self._all_test_keys: np.ndarray | None = None
         self._original_pred: np.ndarray | None = None  # the loaded model is never edited: cacheable
         self._fp: str | None = None
+        self._train_rows: dict[bytes, int] | None = None  # training image bytes -> row (request keys)
 
     # ----- data ---------------------------------------------------------------------------
     @property
@@ -128,6 +146,8 @@ class ClassEditor:
         return len(self.class_names)
 
     def default_config(self) -> UnActConfig:
+        if self.kind == "munkey":
+            return MUNKEY_CONFIG
         p, gamma, k = DEFAULTS[self.arch if self.arch in DEFAULTS else "vit"]
         # ResNets: attribution scoring, measured far better than the paper's activation rule on our
         # CPU ResNet (docs/results/README.md); ViTs always score by attribution
@@ -246,20 +266,64 @@ class ClassEditor:
         return copy.deepcopy(self.model).eval()
 
     def run_unact(self, images_u8: np.ndarray, cfg: UnActConfig | None = None, *, model: torch.nn.Module | None = None,
-                  on_round: Callable[[RoundInfo, torch.nn.Module], None] | None = None):
-        """UnAct on a copy (or on `model`, edited in place). Returns (edited model, UnActResult)."""
+                  on_round: Callable[[RoundInfo, torch.nn.Module], None] | None = None,
+                  bank: MemoryBank | None = None, target: int | None = None, path: str = "inference",
+                  head: bool | None = None, blocks: int | None = None):
+        """UnAct on a copy (or on `model`, edited in place). Returns (edited model, UnActResult).
+
+        MUNKEY runs: `path="inference"` scores the backbone along the path inference takes, each image
+        with its K neighbours retrieved from `bank` (default the run's bank; class removal passes the
+        bank its key deletion leaves); `path="image"` scores the image pathway alone (null token, the
+        earlier design). `target`: the class to suppress (default the pseudo-label); `head`: also edit
+        the classifier's inputs (default: on MUNKEY runs); `blocks`: final ViT blocks in scope."""
         cfg = cfg or self.default_config()
         cfg.check()
         if len(images_u8) == 0:
             raise MunkeyError("UnAct needs at least one image of the class to forget.")
+        if path not in ("inference", "image"):
+            raise MunkeyError(f"Unknown scoring path '{path}'; choose inference or image.")
         work = self.working_copy() if model is None else model
-        scope = scope_for(work, score=cfg.score)
+        head = (self.kind == "munkey" and MUNKEY_HEAD) if head is None else head
+        forward = None
+        if self.kind == "munkey" and path == "inference":
+            values, weights = self.neighbours(images_u8, bank)
+            forward = munkey_ensemble_forward(work, values, weights)
+        scope = scope_for(work, forward=forward, score=cfg.score, blocks=blocks, head=head)
         callback = None if on_round is None else (lambda info: on_round(info, work))
-        result = unact(scope, self.to_input(images_u8), cfg, on_round=callback)
+        result = unact(scope, self.to_input(images_u8), cfg, on_round=callback, target=target)
         return work, result
 
-    def run_ssd(self, images_u8: np.ndarray, labels: np.ndarray | None, cfg: SSDConfig, *, cold: bool = False):
-        """SSD/LFSSD on a copy; `cold` recomputes I_D even when it is cached. Returns (model, SSDResult)."""
+    # ----- the MUNKEY inference path ------------------------------------------------------------
+    def request_keys(self, images_u8: np.ndarray) -> np.ndarray:
+        """Keys (n, Dk) of request images: a training image's cached key, the key encoder's for any other."""
+        if self._train_rows is None:
+            self._train_rows = {hashlib.sha1(img.tobytes()).digest(): i
+                                for i, img in enumerate(np.ascontiguousarray(self.dataset.train.images))}
+        rows = [self._train_rows.get(hashlib.sha1(np.ascontiguousarray(img).tobytes()).digest()) for img in images_u8]
+        known = [i for i, r in enumerate(rows) if r is not None]
+        unknown = [i for i, r in enumerate(rows) if r is None]
+        keys: dict[int, np.ndarray] = {}
+        if known:
+            keys.update(zip(known, self.run.split_keys("train")[[rows[i] for i in known]]))
+        if unknown:
+            keys.update(zip(unknown, self.run.encoder.encode(np.ascontiguousarray(images_u8[unknown]))))
+        return np.stack([keys[i] for i in range(len(images_u8))]).astype(np.float32)
+
+    def neighbours(self, images_u8: np.ndarray, bank: MemoryBank | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """What MUNKEY inference feeds the backbone for the request images: the exemplars of their K
+        nearest keys in `bank` (default the run's) (n, K, Dv) and the ensemble weights (n, K)."""
+        if self.kind != "munkey":
+            raise MunkeyError("Retrieved neighbours exist only on MUNKEY runs.")
+        bank = self.run.bank if bank is None else bank
+        sims, rows = bank.search(torch.as_tensor(self.request_keys(images_u8)), self.run.train_cfg.k)
+        weights = neighbour_weights(sims.float(), self.run.train_cfg.tau, "ensemble")
+        return bank.values.to(rows.device)[rows].float(), weights
+
+    def run_ssd(self, images_u8: np.ndarray, labels: np.ndarray | None, cfg: SSDConfig, *, cls: int,
+                cold: bool = False):
+        """SSD/LFSSD on a copy, forgetting class `cls`; `cold` recomputes I_D even when it is cached.
+        I_D runs over the training data in the reference order for `cls` (ssd.reference_order: the
+        retain classes in order, then `cls`). Returns (model, SSDResult)."""
         if self.kind != "classifier":
             raise MunkeyError("SSD and LFSSD edit conventional classifiers (ResNet-18 / ViT runs).")
         if len(images_u8) == 0:
@@ -269,11 +333,13 @@ class ClassEditor:
         cache = self.root / "importance"
         fp = self.fingerprint()
 
+        order = reference_order(tr.labels, int(cls))
+
         def compute():
-            return importance(work, self.to_input, tr.images, tr.labels, cfg.method, cfg.batch_size)
+            return importance(work, self.to_input, tr.images[order], tr.labels[order], cfg.method, cfg.batch_size)
 
         def full():
-            return cached_importance(cache, fp, cfg.method, cfg.batch_size, compute, refresh=cold)
+            return cached_importance(cache, fp, cfg.method, cfg.batch_size, compute, refresh=cold, order=f"c{int(cls)}")
 
         res = ssd_forget(work, self.to_input, images_u8, labels, full, cfg)
         return work, res
@@ -301,30 +367,38 @@ class ClassEditor:
         if len(images_u8) == 0:
             raise MunkeyError("The request holds no image of the class to forget.")
         uses_unact = method in ("unact", "keys+unact")
-        pseudo = None if uses_unact else self.pseudo_label(images_u8)  # UnAct finds it in its first pass
+        munkey = self.kind == "munkey"
+        # UnAct finds the pseudo-label in its first pass; on a MUNKEY run it is the class the unedited run
+        # predicts (inference path, whole bank), found first: key deletion changes what UnAct would read
+        pseudo = None if uses_unact and not munkey else self.pseudo_label(images_u8)
         details: dict = {}
         bank = None
         t0 = time.perf_counter()
         excluded = 0.0  # time spent measuring rounds for the caller, not part of the request
+        if method.startswith("keys"):
+            bank, ids = self.class_bank(pseudo if cls is None else int(cls))
+            details.update(keys_deleted=len(ids))
         if uses_unact:
-            model, res = self.run_unact(images_u8, cfg, on_round=on_round)
-            excluded = time.perf_counter() - t0 - res.seconds
+            t_unact = time.perf_counter()
+            model, res = self.run_unact(images_u8, cfg, on_round=on_round, bank=bank,
+                                        target=pseudo if munkey else None)
+            excluded = time.perf_counter() - t_unact - res.seconds
             pseudo = res.pseudo_label
-            details.update(rounds=len(res.rounds), units=sum(len(r.selected) for r in res.rounds),
-                           p=res.config.p, gamma=res.config.gamma, k=res.config.k)
+            details.update(rounds=len(res.rounds), units=len({u for r in res.rounds for u in r.selected}),
+                           p=res.config.p, gamma=res.config.gamma, k=res.config.k, stop=res.config.stop)
             if self.arch == "resnet18":
                 details["score"] = res.config.score
         cls = pseudo if cls is None else int(cls)
-        if method in ("ssd", "lfssd"):
+        if method == "mask":
+            model = mask_logit(self.working_copy(), cls)
+        elif method in ("ssd", "lfssd"):
             scfg = ssd or SSDConfig(method=method, alpha=10.0 if self.arch == "resnet18" else 5.0)
             lab = None if method == "lfssd" else (np.full(len(images_u8), cls) if labels is None else labels)
-            model, res = self.run_ssd(images_u8, lab, scfg, cold=cold)
-            details.update(dampened=res.dampened, importance_cached=res.full_importance_cached)
+            model, res = self.run_ssd(images_u8, lab, scfg, cls=cls, cold=cold)
+            details.update(dampened=res.dampened, dampened_pct=res.dampened_pct,
+                           importance_cached=res.full_importance_cached)
         elif not uses_unact:
             model = self.model
-        if method.startswith("keys"):
-            bank, ids = self.class_bank(cls)
-            details.update(keys_deleted=len(ids))
         seconds = time.perf_counter() - t0 - excluded
         before = self.metrics(cls)
         after = self.metrics(cls, model, bank)
@@ -334,11 +408,18 @@ class ClassEditor:
 
     @torch.no_grad()
     def pseudo_label(self, images_u8: np.ndarray, model: torch.nn.Module | None = None) -> int:
-        """argmax of the mean logits over the images (MUNKEY: the image pathway)."""
+        """argmax of the mean logits over the images (MUNKEY: of the mean log ensemble probabilities,
+        each image with its neighbours in the run's bank: the class the run predicts)."""
         m = self.model if model is None else model
         x = self.to_input(images_u8)
-        fwd = munkey_image_forward(m) if self.kind == "munkey" else m
-        return int(torch.cat([fwd(x[i:i + 256]) for i in range(0, len(x), 256)]).double().mean(0).argmax())
+        if self.kind != "munkey":
+            return int(torch.cat([m(x[i:i + 256]) for i in range(0, len(x), 256)]).double().mean(0).argmax())
+        scope = scope_for(m, forward=munkey_ensemble_forward(m, *self.neighbours(images_u8)))
+        total = None
+        for i in range(0, len(x), 256):
+            logits, _ = scope.forward_stats(x[i:i + 256], slice(i, min(i + 256, len(x))))
+            total = logits.double().sum(0) if total is None else total + logits.double().sum(0)
+        return int(total.argmax())
 
     # ----- saving ---------------------------------------------------------------------------
     def save(self, out: str | Path, model: torch.nn.Module, request: ClassRequest, *,
@@ -389,6 +470,16 @@ class ClassEditor:
             new.forget(ids, operator=operator, source=f"class {request.cls} ({request.method})")
         make_private(out)
         return out
+
+
+def mask_logit(model: torch.nn.Module, cls: int) -> torch.nn.Module:
+    """The trivial suppression, in place: the classifier row of `cls` zeroed and its bias set to
+    MASK_LOGIT, so the class is never predicted. Nothing else changes: the features still carry it."""
+    head = getattr(model, "fc", None) or getattr(getattr(model, "vit", model), "head")
+    with torch.no_grad():
+        head.weight[int(cls)] = 0.0
+        head.bias[int(cls)] = MASK_LOGIT
+    return model
 
 
 def _index_hash(index: np.ndarray) -> str:

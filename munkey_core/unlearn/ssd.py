@@ -8,6 +8,13 @@
   importance = mean over batches of |grad|.
 Defaults: lambda = 1, alpha = 10 (ViT: alpha = 5), batch size 64.
 
+Batch order of I_D (`reference_order`): the reference code (if-loops/selective-synaptic-dampening,
+`forget_full_class_main.py`) computes I_D over `ConcatDataset(retain, forget)` unshuffled, the retain
+data sorted by class (dataset order within a class) followed by the forget class, so the forget class
+sits in batches of its own. The order changes I_D (mean over batches of the squared *batch-mean*
+gradient): mixing the class into every batch shrinks I_D for the class's parameters and makes SSD
+dampen far more of the network. I_D therefore depends on the forget class and is cached per class.
+
 I_D is the expensive part (a backward pass over the whole training set); `importance` results are
 cached on disk by `cached_importance` (keyed by the model's fingerprint, method and batch size), so a
 request can be timed "cold" (I_D computed) and "warm" (I_D read). The model is kept in eval mode
@@ -40,6 +47,14 @@ class SSDConfig:
     alpha: float = 10.0      # selection threshold (ViT: 5)
     lam: float = 1.0         # lambda in beta = min(lambda I_D / I_f, 1)
     batch_size: int = 64
+
+
+def reference_order(labels: np.ndarray, forget_class: int) -> np.ndarray:
+    """Indices of the training data in the order the reference code feeds I_D: every retain class in
+    ascending class order (dataset order inside a class), then the forget class."""
+    labels = np.asarray(labels)
+    index = np.arange(len(labels))
+    return np.lexsort((index, labels, labels == forget_class))  # last key first: retain before forget
 
 
 def importance(model: nn.Module, to_input: Callable[[np.ndarray], torch.Tensor], images: np.ndarray,
@@ -89,10 +104,13 @@ def dampen(model: nn.Module, forget_imp: Importance, full_imp: Importance, alpha
 
 
 def cached_importance(cache_dir: Path, model_fp: str, method: str, batch_size: int,
-                      compute: Callable[[], Importance], refresh: bool = False) -> tuple[Importance, bool]:
-    """(I_D, was_cached): read from `cache_dir` when this model's importance was computed before;
+                      compute: Callable[[], Importance], refresh: bool = False,
+                      order: str = "") -> tuple[Importance, bool]:
+    """(I_D, was_cached): read from `cache_dir` when this model's importance was computed before with
+    the same batch order (`order`, e.g. "c3": the reference order for forget class 3);
     `refresh` recomputes it (a "cold" request) and stores the result for the next one."""
-    path = Path(cache_dir) / f"{method}_b{batch_size}_{model_fp[:16]}.pt"
+    tag = f"_{order}" if order else ""
+    path = Path(cache_dir) / f"{method}_b{batch_size}{tag}_{model_fp[:16]}.pt"
     if path.exists() and not refresh:
         try:
             return torch.load(path, weights_only=True), True
@@ -106,9 +124,10 @@ def cached_importance(cache_dir: Path, model_fp: str, method: str, batch_size: i
 @dataclass
 class SSDResult:
     method: str
-    dampened: int
+    dampened: int                # parameter elements dampened
     seconds: float
     full_importance_cached: bool
+    dampened_pct: float = 0.0    # of all parameter elements
 
 
 def ssd_forget(model: nn.Module, to_input: Callable[[np.ndarray], torch.Tensor], forget_images: np.ndarray,
@@ -122,4 +141,5 @@ def ssd_forget(model: nn.Module, to_input: Callable[[np.ndarray], torch.Tensor],
     i_f = importance(model, to_input, forget_images, forget_labels, cfg.method, cfg.batch_size)
     n = dampen(model, i_f, i_d, cfg.alpha, cfg.lam)
     model.zero_grad(set_to_none=True)
-    return SSDResult(cfg.method, n, time.perf_counter() - t0, cached)
+    total = sum(p.numel() for p in model.parameters())
+    return SSDResult(cfg.method, n, time.perf_counter() - t0, cached, 100.0 * n / max(total, 1))

@@ -4,21 +4,37 @@ A request is a handful of images of the class (no label, no retain data). Each r
 units on the *current* model, selects those at or above the p-th percentile and multiplies their
 "in" and "out" weights by gamma; k rounds, stopping early when the edit would change nothing.
 
+Selection (the reference code's rule, abdulmuizz0903/UnAct `_mask_from`): within each group of units,
+the threshold is `torch.quantile(scores, p / 100)` (linear interpolation) and every unit scoring
+`>=` it is selected, so tied units (dead channels scoring exactly 0) are all selected together.
+Groups: the ResNet's channels form one group; a ViT's edited blocks are one group each (the reference
+selects per block: the percentile is taken inside each block's neurons separately).
+
 Scopes (which units, how they are scored, which weights an edit touches):
 - `ResNetScope`: the 8w output channels of the last residual block; score = mean over the images of
   the spatially averaged post-ReLU activation; in = that channel's conv filter and BatchNorm scale and
   shift, out = the classifier column. BatchNorm statistics stay frozen (eval mode).
-- `ViTScope`: the MLP hidden neurons of the last four blocks at [CLS]; score = first-order logit
-  attribution `mean_x g_j(x) (w_j . u_c) / sigma(x)` (g_j the GELU output, w_j the out-weight column,
-  u_c the pseudo-class logit direction through the final LayerNorm's scale, sigma(x) that LayerNorm's
-  per-sample scale); in = row j of fc1 and its bias, out = column j of fc2. Works on any timm
-  VisionTransformer given its forward (plain ViT, or the MUNKEY backbone with the exemplar token
-  replaced by null_tok, so the bank is not read).
-The pseudo-label c is the argmax of the *original* model's mean logits over the images.
+- `ViTScope`: the MLP hidden neurons of the last third of the blocks (`vit_blocks(depth)` =
+  ceil(depth / 3): 4 of 12 as in the paper's ViT-B/16, 2 of the cpu profile's 4, 1 of the tiny
+  profile's 2) at [CLS]; score = first-order logit attribution `mean_x g_j(x) (w_j . u_c) / sigma(x)`
+  (g_j the GELU output, w_j the out-weight column, u_c the pseudo-class logit direction through the
+  final LayerNorm's scale and centred, `u - mean(u)`, which accounts for the LayerNorm's mean
+  subtraction as the reference's `_class_direction` does; sigma(x) that LayerNorm's per-sample scale);
+  in = row j of fc1 and its bias, out = column j of fc2. Works on any timm VisionTransformer given a
+  forward: the plain ViT's own, the MUNKEY backbone's image pathway (`munkey_image_forward`: the
+  exemplar token is null_tok), or the path MUNKEY inference takes (`munkey_ensemble_forward`: each
+  image with its K retrieved neighbours' exemplar tokens, weighted as the ensemble weighs them).
+The pseudo-label c is the argmax of the *original* model's mean logits over the images, unless the
+caller names the class (`target`; class removal on a MUNKEY run passes the class the run predicts).
 
-Cost: one batched forward over the n images per round (the first also gives the pseudo-label); no autograd graph is ever built (everything
-runs under torch.no_grad) and no parameter's requires_grad is touched. Deterministic given model,
-images and (p, gamma, k). Tests: tests/test_unact.py.
+Stopping: `stop="rounds"` runs the k rounds (the paper's rule); `stop="forgotten"` also stops as soon
+as the model gives c no more than chance (1 / classes) on every request image (each round's scoring
+pass gives those probabilities for free), which edits fewer units per request and keeps sequential
+requests from eating the layer.
+
+Cost: one batched forward over the n images per round (the first also gives the pseudo-label); no
+autograd graph is ever built (everything runs under torch.no_grad) and no parameter's requires_grad
+is touched. Deterministic given model, images and (p, gamma, k). Tests: tests/test_unact.py.
 """
 
 from __future__ import annotations
@@ -35,11 +51,15 @@ import torch.nn as nn
 from munkey_core.errors import MunkeyError
 
 _BATCH = 256
-# Paper working points (SPEC.md section 4): ResNet-18 CIFAR-10 and ViT-B/16 CIFAR-10.
-DEFAULTS = {"resnet18": (99.0, 0.01, 20), "vit": (85.0, 0.1, 5),
-            # the MUNKEY backbone (its image pathway, after class key deletion): our measured point on
-            # fashion-mnist (docs/results/unact_fashion-mnist.md); the ViT point left Af far higher there
-            "munkey": (99.0, 0.01, 20)}
+STOPS = ("rounds", "forgotten")
+# Working points (p, gamma, k). Paper (SPEC.md section 4): ResNet-18 CIFAR-10 and ViT-B/16 CIFAR-10.
+# "munkey": the MUNKEY backbone scored along its inference path after class key deletion, measured on
+# the digits demo run (docs/results/unact_digits.md).
+DEFAULTS = {"resnet18": (99.0, 0.01, 20), "vit": (85.0, 0.1, 5), "munkey": (90.0, 0.01, 20)}
+
+# A scope's forward: images (B, C, S, S) and their rows in the request -> (logits (B*K, classes),
+# ensemble weights (B, K) or None when each image is one forward, K = 1).
+ScopeForward = Callable[[torch.Tensor, slice], "tuple[torch.Tensor, torch.Tensor | None]"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,7 @@ class UnActConfig:
     gamma: float = 0.01
     k: int = 20
     score: str = "activation"   # ResNet only: activation (the paper's) | attribution
+    stop: str = "rounds"        # rounds (the paper's: all k) | forgotten (also stop once every image gives c <= chance)
 
     def check(self) -> None:
         """Raise a clear MunkeyError for values outside their ranges."""
@@ -60,6 +81,8 @@ class UnActConfig:
                               "selected units' weights.")
         if not (isinstance(self.k, int) and self.k >= 1):
             raise MunkeyError(f"k (rounds) must be a whole number >= 1 (got {self.k}).")
+        if self.stop not in STOPS:
+            raise MunkeyError(f"Unknown stopping rule '{self.stop}'; choose one of {', '.join(STOPS)}.")
 
 
 @dataclass
@@ -68,6 +91,7 @@ class RoundInfo:
     selected: list[int]          # unit indices dampened this round
     top_score: float             # the highest unit score before this round's edit
     seconds: float
+    still_predicted: float = 1.0  # fraction of the request's images predicted as c before this round's edit
 
 
 @dataclass
@@ -80,16 +104,19 @@ class UnActResult:
     rounds: list[RoundInfo] = field(default_factory=list)
     seconds: float = 0.0         # the edit itself (time spent in the on_round callback excluded)
     stopped_early: bool = False
+    stop_reason: str = ""        # "" (all k rounds) | "nothing left to change" | "forgotten"
 
 
 class UnitScope(Protocol):
     """The units UnAct may edit in one model."""
 
     n_units: int
+    groups: list[tuple[int, int]]      # [start, end) unit ranges selected separately (per block)
     input_shape: tuple[int, int, int]  # (C, S, S) the model expects
 
-    def forward_stats(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, classes) and the per-image, class-independent part of the unit scores (B, U)."""
+    def forward_stats(self, x: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, classes) and the per-image, class-independent part of the unit scores (B, U)
+        for images x, which are rows `rows` of the request."""
 
     def unit_weights(self, target: int) -> torch.Tensor | None:
         """The class-dependent factor of the unit scores (U,), or None when scores ignore the class."""
@@ -99,17 +126,27 @@ class UnitScope(Protocol):
 
 
 def select_units(scores: np.ndarray, p: float) -> np.ndarray:
-    """Units at or above the p-th percentile: exactly the top `n - ceil((n - 1) p / 100)` by score,
-    ties broken by the lower index. Returns indices in rank order."""
-    scores = np.asarray(scores, dtype=np.float64)
-    n = len(scores)
-    m = max(1, n - math.ceil((n - 1) * float(p) / 100.0))
-    order = np.lexsort((np.arange(n), -scores))  # primary: score descending; then index ascending
-    return order[:m]
+    """The reference rule: every unit whose score is >= the p-th percentile of `scores`
+    (torch.quantile, linear interpolation), so ties at the threshold are all selected.
+    Returns indices in rank order (score descending, then index)."""
+    s = torch.as_tensor(np.asarray(scores, dtype=np.float64))
+    threshold = torch.quantile(s, float(p) / 100.0)
+    chosen = torch.nonzero(s >= threshold).flatten().numpy()
+    return chosen[np.lexsort((chosen, -s.numpy()[chosen]))]
+
+
+def select_grouped(scores: np.ndarray, p: float, groups: Sequence[tuple[int, int]]) -> np.ndarray:
+    """`select_units` inside each [start, end) group separately; global indices, group by group."""
+    return np.concatenate([start + select_units(scores[start:end], p) for start, end in groups])
+
+
+def vit_blocks(depth: int) -> int:
+    """How many final blocks UnAct edits in a ViT: the last third, ceil(depth / 3) (4 of 12, 2 of 4)."""
+    return max(1, math.ceil(depth / 3))
 
 
 class ResNetScope:
-    """The last residual block's output channels of a CIFAR-stem ResNet (munkey_core.model.classifiers.ResNet18).
+    """The last residual block's output channels of a CIFAR-stem ResNet (munkey_core.classifiers.ResNet18).
 
     `score="activation"` (the paper's rule): the channel's mean pooled post-ReLU activation.
     `score="attribution"` (our option, the ViT rule carried over): that activation times the channel's
@@ -125,9 +162,10 @@ class ResNetScope:
         self.model, self.score = model, score
         self.block = model.layer4[-1]
         self.n_units = model.fc.in_features
+        self.groups = [(0, self.n_units)]
         self.input_shape = (model.cfg.in_chans, model.cfg.img_size, model.cfg.img_size)
 
-    def forward_stats(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_stats(self, x: torch.Tensor, rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         pooled = self.model.forward_head(self.model.forward_features(x), pre_logits=True)  # (B, U)
         return self.model.fc(pooled), pooled
 
@@ -155,36 +193,65 @@ class ResNetScope:
 class ViTScope:
     """MLP hidden neurons of the last `last_blocks` blocks of a timm VisionTransformer, read at [CLS].
 
-    `forward(x)` must run the model to its logits through `vit.blocks`, `vit.norm` and `vit.head`
-    (the plain ViT's own forward, or the MUNKEY backbone's image pathway)."""
+    `forward(x, rows)` must run the model to its logits through `vit.blocks`, `vit.norm` and `vit.head`
+    and return (logits (B*K, classes), ensemble weights (B, K) or None); with weights, an image's
+    score part is the weighted sum over its K forwards and its logits are the log of the ensemble's
+    probabilities (what inference predicts from)."""
 
-    def __init__(self, vit: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor],
-                 input_shape: tuple[int, int, int], last_blocks: int = 4) -> None:
+    def __init__(self, vit: nn.Module, forward: ScopeForward, input_shape: tuple[int, int, int],
+                 last_blocks: int | None = None, head: bool = False) -> None:
         self.vit, self.forward = vit, forward
-        self.blocks = list(vit.blocks)[-last_blocks:]
+        n = vit_blocks(len(vit.blocks)) if last_blocks is None else int(last_blocks)
+        if not 1 <= n <= len(vit.blocks):
+            raise MunkeyError(f"UnAct can edit 1 to {len(vit.blocks)} final blocks of this ViT (got {n}).")
+        self.blocks = list(vit.blocks)[-n:]
         self.hidden = self.blocks[0].mlp.fc1.out_features
-        self.n_units = self.hidden * len(self.blocks)
+        self.n_mlp = self.hidden * len(self.blocks)
+        self.groups = [(i * self.hidden, (i + 1) * self.hidden) for i in range(len(self.blocks))]
+        self.head = bool(head)
+        if self.head:  # the D classifier inputs: one more group
+            self.groups.append((self.n_mlp, self.n_mlp + vit.head.in_features))
+        self.n_units = self.groups[-1][1]
         self.input_shape = input_shape
 
-    def forward_stats(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_stats(self, x: torch.Tensor, rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and g_j(x) / sigma(x) for every unit (B, U): the score without its class factor."""
         acts: list[torch.Tensor] = []
         resid: list[torch.Tensor] = []
         hooks = [b.mlp.act.register_forward_hook(lambda m, i, o: acts.append(o[:, 0, :])) for b in self.blocks]
         hooks.append(self.vit.norm.register_forward_hook(lambda m, i, o: resid.append(i[0][:, 0, :])))
+        feats: list[torch.Tensor] = []
+        if self.head:
+            hooks.append(self.vit.head.register_forward_hook(lambda m, i, o: feats.append(i[0])))
         try:
-            logits = self.forward(x)
+            logits, weights = self.forward(x, slice(0, len(x)) if rows is None else rows)
         finally:
             for h in hooks:
                 h.remove()
-        sigma = torch.sqrt(resid[-1].var(dim=1, unbiased=False) + self.vit.norm.eps)  # (B,) final LN scale
-        return logits, torch.cat(acts, dim=1) / sigma[:, None]
+        sigma = torch.sqrt(resid[-1].var(dim=1, unbiased=False) + self.vit.norm.eps)  # (B*K,) final LN scale
+        r = len(sigma)
+        # blocks before the exemplar token joins run once per image: repeat them for its K forwards
+        acts = [a if len(a) == r else a.repeat_interleave(r // len(a), dim=0) for a in acts]
+        base = torch.cat(acts, dim=1) / sigma[:, None]  # (B*K, U_mlp)
+        if self.head:
+            base = torch.cat([base, feats[-1]], dim=1)  # + the classifier inputs (B*K, D): (B*K, U)
+        if weights is None:
+            return logits, base
+        b, k = weights.shape
+        w = weights.to(base.dtype)[..., None]  # (B, K, 1)
+        probs = (w * torch.softmax(logits.reshape(b, k, -1), dim=-1)).sum(1)  # the ensemble's output (B, classes)
+        return probs.clamp_min(1e-30).log(), (w * base.reshape(b, k, -1)).sum(1)
 
     def unit_weights(self, target: int) -> torch.Tensor:
-        """w_j . u_c for every unit (U,): u_c = (head row c - mean head row) * final LayerNorm weight."""
+        """w_j . u_c for every unit (U,): u = (head row c - mean head row) * final LayerNorm weight,
+        centred (u - mean(u)): the LayerNorm subtracts the mean, so only u's centred part is read."""
         head = self.vit.head.weight  # (classes, D)
         u = (head[target] - head.mean(dim=0)) * self.vit.norm.weight  # (D,)
-        return torch.cat([b.mlp.fc2.weight.T @ u for b in self.blocks])
+        u = u - u.mean()
+        parts = [b.mlp.fc2.weight.T @ u for b in self.blocks]
+        if self.head:
+            parts.append(head[target] - head.mean(dim=0))  # a classifier input's weight towards c vs the mean
+        return torch.cat(parts)
 
     def logits_and_scores(self, x: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, classes) and per-image unit scores (B, U)."""
@@ -202,6 +269,12 @@ class ViTScope:
             if fc1.bias is not None:
                 fc1.bias[local] *= gamma  # and its bias
             fc2.weight[:, local] *= gamma  # out: column j of the second
+        if self.head:
+            dims = units[units >= self.n_mlp] - self.n_mlp
+            if len(dims):
+                w = self.vit.head.weight
+                changed |= bool(w[:, dims].abs().sum() > 0)
+                w[:, dims] *= gamma  # a classifier input: its column of the head (the reference's head scope)
         return changed
 
 
@@ -217,21 +290,24 @@ def _check_images(images: torch.Tensor, scope: UnitScope) -> None:
 
 
 def _logits_and_scores(scope: UnitScope, x: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
-    logits, base = scope.forward_stats(x)
+    logits, base = scope.forward_stats(x, slice(0, len(x)))
     w = scope.unit_weights(target)
     return logits, base if w is None else base * w[None, :]
 
 
-def _mean_stats(scope: UnitScope, images: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Mean logits (classes,) and the mean class-independent score part (U,), accumulated in float64.
-    The class factor does not depend on the image, so mean(score) = mean(part) * factor."""
-    logit_sum, base_sum = None, None
+def _mean_stats(scope: UnitScope, images: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean logits (classes,), the mean class-independent score part (U,), accumulated in float64, and
+    each image's class probabilities (n, classes). The class factor does not depend on the image, so
+    mean(score) = mean(part) * factor."""
+    logit_sum, base_sum, probs = None, None, []
     for start in range(0, len(images), _BATCH):
-        logits, base = scope.forward_stats(images[start:start + _BATCH])
+        rows = slice(start, min(start + _BATCH, len(images)))
+        logits, base = scope.forward_stats(images[rows], rows)
         ls, bs = logits.double().sum(0).cpu(), base.double().sum(0).cpu()
         logit_sum = ls if logit_sum is None else logit_sum + ls
         base_sum = bs if base_sum is None else base_sum + bs
-    return (logit_sum / len(images)).numpy(), (base_sum / len(images)).numpy()
+        probs.append(torch.softmax(logits.double(), dim=1).cpu().numpy())
+    return (logit_sum / len(images)).numpy(), (base_sum / len(images)).numpy(), np.concatenate(probs)
 
 
 def _scores(scope: UnitScope, base_mean: np.ndarray, target: int) -> np.ndarray:
@@ -240,31 +316,41 @@ def _scores(scope: UnitScope, base_mean: np.ndarray, target: int) -> np.ndarray:
 
 
 def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
-          on_round: Callable[[RoundInfo], None] | None = None) -> UnActResult:
+          on_round: Callable[[RoundInfo], None] | None = None, target: int | None = None) -> UnActResult:
     """Edit the scope's model in place to suppress the class of `images`; returns what was done.
 
-    Validates everything first: on bad input it raises MunkeyError and the model is unchanged.
-    The caller passes the model in eval mode (a copy, when the original must stay untouched).
+    `target`: the class to suppress; None (the default) = the pseudo-label, the argmax of the model's
+    mean logits over the images. Validates everything first: on bad input it raises MunkeyError and
+    the model is unchanged. The caller passes the model in eval mode (a copy, when the original must
+    stay untouched).
     """
     cfg.check()
     _check_images(images, scope)
     t0 = time.perf_counter()
     callback_seconds = 0.0
     with torch.no_grad():
-        mean_logits, base_mean = _mean_stats(scope, images)  # this pass also scores round 1
-        target = int(np.argmax(mean_logits))  # the pseudo-label: no label is read
+        mean_logits, base_mean, probs = _mean_stats(scope, images)  # this pass also scores round 1
+        if target is None:
+            target = int(np.argmax(mean_logits))  # the pseudo-label: no label is read
+        elif not 0 <= int(target) < len(mean_logits):
+            raise MunkeyError(f"Class {target} does not exist in this model (classes 0-{len(mean_logits) - 1}).")
+        target = int(target)
         result = UnActResult(target, [float(v) for v in mean_logits], len(images), scope.n_units, cfg)
         for r in range(1, cfg.k + 1):
             tr = time.perf_counter()
             if r > 1:
-                _, base_mean = _mean_stats(scope, images)  # re-score the edited model
+                _, base_mean, probs = _mean_stats(scope, images)  # re-score the edited model
+            still = float(np.mean(probs.argmax(axis=1) == target))
+            if r > 1 and cfg.stop == "forgotten" and probs[:, target].max() < 1.0 / probs.shape[1]:
+                result.stopped_early, result.stop_reason = True, "forgotten"
+                break
             scores = _scores(scope, base_mean, target)
-            units = select_units(scores, cfg.p)
+            units = select_grouped(scores, cfg.p, scope.groups)
             changed = scope.dampen(torch.as_tensor(units, device=images.device), float(cfg.gamma))
             if not changed:
-                result.stopped_early = True
+                result.stopped_early, result.stop_reason = True, "nothing left to change"
                 break
-            info = RoundInfo(r, [int(u) for u in units], float(scores[units[0]]), time.perf_counter() - tr)
+            info = RoundInfo(r, [int(u) for u in units], float(scores[units].max()), time.perf_counter() - tr, still)
             result.rounds.append(info)
             if on_round is not None:
                 tc = time.perf_counter()
@@ -274,9 +360,11 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
     return result
 
 
-def scope_for(model: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
-              input_shape: Sequence[int] | None = None, score: str = "activation") -> UnitScope:
-    """The UnAct scope of a ResNet-18, a plain timm ViT or a MUNKEY ViT (image pathway)."""
+def scope_for(model: nn.Module, forward: ScopeForward | None = None, input_shape: Sequence[int] | None = None,
+              score: str = "activation", blocks: int | None = None, head: bool = False) -> UnitScope:
+    """The UnAct scope of a ResNet-18, a plain timm ViT or a MUNKEY ViT (default: its image pathway).
+    ViTs: `blocks` = how many final blocks' MLP neurons to edit (default `vit_blocks(depth)`, the last
+    third); `head` adds the classifier's inputs as one more group."""
     from timm.models.vision_transformer import VisionTransformer
 
     from munkey_core.model.classifiers import ResNet18
@@ -286,16 +374,28 @@ def scope_for(model: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor] 
         return ResNetScope(model, score)
     if isinstance(model, MunkeyViT):
         c = model.cfg
-        return ViTScope(model.vit, forward or munkey_image_forward(model), (c.in_chans, c.img_size, c.img_size))
+        return ViTScope(model.vit, forward or munkey_image_forward(model), (c.in_chans, c.img_size, c.img_size),
+                        blocks, head)
     if isinstance(model, VisionTransformer):
         shape = input_shape or (model.patch_embed.proj.in_channels, *model.patch_embed.img_size)
-        return ViTScope(model, forward or model, tuple(shape))
+        return ViTScope(model, forward or (lambda x, rows: (model(x), None)), tuple(shape), blocks, head)
     raise MunkeyError(f"UnAct supports ResNet-18 and ViT models, not {type(model).__name__}.")
 
 
-def munkey_image_forward(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+def munkey_image_forward(model: nn.Module) -> ScopeForward:
     """The MUNKEY ViT's image pathway: the exemplar token is null_tok, so no bank entry is read."""
-    def forward(x: torch.Tensor) -> torch.Tensor:
+    def forward(x: torch.Tensor, rows: slice | None = None) -> tuple[torch.Tensor, None]:
         tok = model.null_tok.expand(len(x), 1, -1)
-        return model.forward_head(model.forward_tokens(model.embed_image(x), tok))
+        return model.forward_head(model.forward_tokens(model.embed_image(x), tok)), None
+    return forward
+
+
+def munkey_ensemble_forward(model: nn.Module, values: torch.Tensor, weights: torch.Tensor) -> ScopeForward:
+    """The path MUNKEY inference takes: request image i with each of its K retrieved neighbours'
+    exemplars `values[i]` (n, K, Dv), weighted by the ensemble weights `weights[i]` (n, K).
+    Retrieval reads only keys, so the neighbours (from the bank the request leaves) are found once."""
+    def forward(x: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        v, w = values[rows].to(x.device), weights[rows].to(x.device)
+        logits = model.forward_multi(x, v)  # (B, K, classes)
+        return logits.reshape(-1, logits.shape[-1]), w
     return forward
