@@ -9,14 +9,17 @@ run's log is intact (log.verify_run); the log still holds this very entry; and t
 the head the receipt saw (so nothing up to it was rewritten since). Receipts of format 1 (older,
 unsigned) verify as "unsigned (older format)".
 Files: `<run>/receipts/<request_id>.json` and `.html` (self-contained, no external resources).
-Tests: tests/test_audit.py.
+Tests: tests/test_audit.py, tests/test_receipt_html.py (the page: escaping, content).
 """
 
 from __future__ import annotations
 
-import html
+import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
+
+import jinja2
 
 from munkey_core import __version__
 from munkey_core.audit import signing
@@ -204,6 +207,23 @@ def verify_receipt(receipt: dict, root: str | Path | None = None, url: str | Non
 
 
 # --------------------------------------------------------------------------- HTML
+# The page is a Jinja2 template with autoescaping on: every value from the receipt is escaped by the
+# template engine, and markup comes only from the template itself.
+
+
+@dataclass(frozen=True)
+class _Code:
+    """A cell shown in monospace (hashes, ids), optionally after a plain prefix."""
+
+    text: object
+    before: str = ""
+
+
+@dataclass(frozen=True)
+class _Status:
+    """A check's outcome: passed, FAILED, or not checked (None)."""
+
+    ok: bool | None
 
 
 def _fmt(v, digits: int = 2) -> str:
@@ -214,27 +234,6 @@ def _fmt(v, digits: int = 2) -> str:
     return str(v)
 
 
-def _table(rows: list[tuple], head: tuple | None = None) -> str:
-    e = html.escape
-    out = ["<table>"]
-    if head:
-        out.append("<tr>" + "".join(f"<th>{e(str(h))}</th>" for h in head) + "</tr>")
-    for r in rows:
-        out.append("<tr>" + "".join(f"<td>{c if isinstance(c, _Raw) else e(_fmt(c))}</td>" for c in r) + "</tr>")
-    out.append("</table>")
-    return "".join(out)
-
-
-class _Raw(str):
-    """Already-escaped HTML for a table cell."""
-
-
-def _ok(flag: bool | None) -> _Raw:
-    if flag is None:
-        return _Raw('<span class="na">not checked</span>')
-    return _Raw('<span class="ok">passed</span>' if flag else '<span class="bad">FAILED</span>')
-
-
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;
 color:#1b1f24}h1{font-size:1.6rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ccd;padding-bottom:.2rem}
 table{border-collapse:collapse;margin:.5rem 0;width:100%}td,th{border:1px solid #ccd;padding:.3rem .5rem;
@@ -243,68 +242,102 @@ font-size:.85rem;word-break:break-all}.ok{color:#116329;font-weight:600}.bad{col
 .na{color:#666}.note{color:#444;font-size:.9rem}.badge{display:inline-block;padding:.2rem .6rem;border-radius:.3rem;
 background:#e6f4ea;color:#116329;font-weight:600}.badge.bad{background:#fde7ea}"""
 
+_TEMPLATE = """\
+{%- macro cell(c) -%}
+{%- if c is code -%}{{ c.before }}<code>{{ c.text }}</code>
+{%- elif c is status -%}
+{%- if c.ok is none %}<span class="na">not checked</span>{% elif c.ok %}<span class="ok">passed</span>
+{%- else %}<span class="bad">FAILED</span>{% endif -%}
+{%- else -%}{{ c | fmt }}{%- endif -%}
+{%- endmacro -%}
+{%- macro table(rows, head=none) -%}
+<table>{% if head %}<tr>{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>{% endif %}
+{%- for r in rows %}<tr>{% for c in r %}<td>{{ cell(c) }}</td>{% endfor %}</tr>{% endfor %}</table>
+{%- endmacro -%}
+<!doctype html><html lang=en><head><meta charset=utf-8><title>MUNKEY receipt {{ request_id }}</title>
+<style>{{ css | safe }}</style></head><body>
+<h1>{{ title }}</h1><p><span class="badge{{ ' bad' if badge_bad }}">{{ badge }}</span></p>
+{% for s in sections %}
+<h2>{{ s.title }}</h2>
+{%- for p in s.before %}<p>{{ p }}</p>{% endfor %}
+{%- for t in s.tables %}{{ table(t.rows, t.head) }}{% endfor %}
+{%- for p in s.notes %}<p class=note>{{ p }}</p>{% endfor %}
+{% endfor %}
+<p>To check this receipt with only the operator's public key: <code>munkey audit verify-receipt {{ request_id }}.json
+--public-key KEY</code>; against the run's audit log too: add the run folder. The JSON file is the authoritative receipt;
+this page shows it.</p></body></html>
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    env.tests["code"] = lambda v: isinstance(v, _Code)
+    env.tests["status"] = lambda v: isinstance(v, _Status)
+    env.filters["fmt"] = _fmt
+    return env.from_string(_TEMPLATE)
+
+
+def _section(title: str, *tables: dict, before: tuple = (), notes: tuple = ()) -> dict:
+    return {"title": title, "tables": list(tables), "before": [p for p in before if p], "notes": list(notes)}
+
+
+def _tab(rows: list[tuple], head: tuple | None = None) -> dict:
+    return {"rows": rows, "head": head}
+
 
 def render_html(receipt: dict) -> str:
-    """A self-contained, readable page for a receipt (all values escaped)."""
-    e = html.escape
+    """A self-contained, readable page for a receipt (every value escaped by the template engine)."""
     entry = receipt["entry"]
     b = entry["body"]
     refused = b.get("kind") == "refused"
     ev = b.get("evidence") or {}
-    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>MUNKEY receipt {e(receipt['request_id'])}"
-             f"</title><style>{_CSS}</style></head><body>"]
-    title = "Refused deletion request" if refused else "Deletion receipt"
-    badge = ('<span class="badge bad">refused: nothing was deleted</span>' if refused else
-             '<span class="badge">deleted and verified</span>' if ev.get("passed") else
-             '<span class="badge bad">deleted; a post-deletion check FAILED</span>')
-    parts.append(f"<h1>{title}</h1><p>{badge}</p>")
-    parts.append("<h2>Request</h2>" + _table([
-        ("Request id", _Raw(f"<code>{e(str(b.get('request_id')))}</code>")), ("Operator", b.get("operator")),
+    sections = [_section("Request", _tab([
+        ("Request id", _Code(b.get("request_id"))), ("Operator", b.get("operator")),
         ("Data subject (pseudonymous reference)", b.get("subject_ref")), ("Received (UTC)", b.get("received")),
         ("Executed (UTC)", b.get("executed")), ("Method", b.get("method")), ("Dataset", b.get("dataset")),
-        ("Run id", _Raw(f"<code>{e(str(b.get('run_id')))}</code>")), ("Audit log", receipt.get("log")),
-    ]))
+        ("Run id", _Code(b.get("run_id"))), ("Audit log", receipt.get("log")),
+    ]))]
     if refused:
         ids = b.get("requested_ids")
-        parts.append("<h2>Why it was refused</h2>" + f"<p>{e(str(b.get('reason')))}</p>"
-                     + (f"<p class=note>Ids named: {e(', '.join(map(str, ids)))}</p>" if ids else ""))
+        sections.append(_section("Why it was refused", before=(str(b.get("reason")),),
+                                 notes=(f"Ids named: {', '.join(map(str, ids))}",) if ids else ()))
     else:
         samples = b.get("samples", [])
         already = b.get("already_deleted", [])
-        parts.append(f"<h2>Samples</h2><p>{len(samples)} training sample(s) deleted by this request"
-                     + (f"; {len(already)} named id(s) had been deleted by earlier requests: "
-                        f"{e(', '.join(map(str, already)))}" if already else "") + ".</p>")
-        if samples:
-            parts.append(_table([(s["id"], _Raw(f"<code>{e(str(s.get('memory_sha256')))}</code>"),
-                                  _Raw(f"<code>{e(str(s.get('image_sha256')))}</code>")) for s in samples],
-                                ("id", "memory row sha256 (key + exemplar)", "image sha256")))
+        intro = (f"{len(samples)} training sample(s) deleted by this request"
+                 + (f"; {len(already)} named id(s) had been deleted by earlier requests: "
+                    f"{', '.join(map(str, already))}" if already else "") + ".")
+        sample_tables = [_tab([(s["id"], _Code(s.get("memory_sha256")), _Code(s.get("image_sha256"))) for s in samples],
+                              ("id", "memory row sha256 (key + exemplar)", "image sha256"))] if samples else []
+        sections.append(_section("Samples", *sample_tables, before=(intro,)))
         m, bank = b.get("model", {}), b.get("bank", {})
-        parts.append("<h2>Model and memory bank</h2>" + _table([
-            ("Model weights fingerprint", _Raw(f"<code>{e(str(m.get('before')))}</code>"),
-             _Raw(f"<code>{e(str(m.get('after')))}</code>")),
-            ("Memory bank fingerprint", _Raw(f"<code>{e(str(bank.get('before', {}).get('fingerprint')))}</code>"),
-             _Raw(f"<code>{e(str(bank.get('after', {}).get('fingerprint')))}</code>")),
+        sections.append(_section("Model and memory bank", _tab([
+            ("Model weights fingerprint", _Code(m.get("before")), _Code(m.get("after"))),
+            ("Memory bank fingerprint", _Code(bank.get("before", {}).get("fingerprint")),
+             _Code(bank.get("after", {}).get("fingerprint"))),
             ("Memory bank entries", bank.get("before", {}).get("size"), bank.get("after", {}).get("size")),
-        ], ("", "before", "after")) + "<p class=note>Key deletion changes no weight: the model fingerprint stays the "
-            "same, the memory bank loses exactly the deleted rows.</p>")
+        ], ("", "before", "after")), notes=("Key deletion changes no weight: the model fingerprint stays the same, the "
+                                           "memory bank loses exactly the deleted rows.",)))
         met = b.get("metrics", {})
         mb, ma = met.get("before") or {}, met.get("after") or {}
-        parts.append("<h2>Model quality (percent; Ps is a ratio)</h2>" + _table(
-            [(k, mb.get(k), ma.get(k)) for k in ("TA", "RA", "FA", "MIA", "Ps")], ("metric", "before", "after"))
-            + f"<p class=note>Before: {e(str(met.get('before_source')))}. After: {e(str(met.get('after_source')))}. "
-              "TA test accuracy, RA retained training samples, FA all samples deleted so far, MIA membership "
-              "attack AUC (50 = indistinguishable from unseen data).</p>")
+        sections.append(_section("Model quality (percent; Ps is a ratio)", _tab(
+            [(k, mb.get(k), ma.get(k)) for k in ("TA", "RA", "FA", "MIA", "Ps")], ("metric", "before", "after")),
+            notes=(f"Before: {met.get('before_source')}. After: {met.get('after_source')}. TA test accuracy, RA "
+                   "retained training samples, FA all samples deleted so far, MIA membership attack AUC (50 = "
+                   "indistinguishable from unseen data).",)))
         own, probe = ev.get("own_key_search", {}), ev.get("probe_search", {})
-        parts.append("<h2>Evidence after the deletion</h2>" + _table([
+        checks = _tab([
             (f"Search with the deleted samples' own keys ({own.get('queries')} queries, top {ev.get('k')})",
-             _ok(not own.get("retrieved") if own.get("queries") else None)),
+             _Status(not own.get("retrieved") if own.get("queries") else None)),
             (f"Search with a probe set ({probe.get('set')}, {probe.get('queries')} queries, top {ev.get('k')})",
-             _ok(not probe.get("retrieved") if probe.get("queries") else None)),
+             _Status(not probe.get("retrieved") if probe.get("queries") else None)),
             ("None left in the memory bank (memory and bank file)",
-             _ok(not ev.get("in_memory_bank") and not ev.get("in_bank_file")) if ev else _ok(None)),
-            (f"None left in the {ev.get('checkpoints_checked')} checkpoint(s)", _ok(not ev.get("in_checkpoints"))
-             if ev else _ok(None)),
-        ], ("check", "result")) + _table([
+             _Status(not ev.get("in_memory_bank") and not ev.get("in_bank_file") if ev else None)),
+            (f"None left in the {ev.get('checkpoints_checked')} checkpoint(s)",
+             _Status(not ev.get("in_checkpoints") if ev else None)),
+        ], ("check", "result"))
+        measures = _tab([
             ("FA on this request's samples, before", ev.get("request_FA_before")),
             ("FA on this request's samples, after", ev.get("request_FA_after")),
             ("Accuracy on unseen test samples of the same classes", ev.get("TA_same_classes")),
@@ -315,21 +348,24 @@ def render_html(receipt: dict) -> str:
              f"{ev['TPR@1%']:.2f} / {ev.get('TPR@0.1%'):.2f}"),
             ("MIA attack", ev.get("MIA_attack")),
             ("Gaps to a retrained oracle", ev.get("oracle_gaps")),
-        ], ("measure", "value")) + f"<p class=note>{e(str(ev.get('same_class_note') or ''))}</p>"
-            f"<p class=note>{e(str(ev.get('oracle_note') or ''))}</p>")
+        ], ("measure", "value"))
+        notes = [ev.get("same_class_note") or "", ev.get("oracle_note") or ""]
         if b.get("recovered"):
-            parts.append("<p class=note>This deletion was interrupted and finished automatically when the run was "
-                         "next opened.</p>")
+            notes.append("This deletion was interrupted and finished automatically when the run was next opened.")
+        sections.append(_section("Evidence after the deletion", checks, measures, notes=tuple(notes)))
     head = receipt.get("log_head") or {}
-    parts.append("<h2>Integrity</h2>" + _table([
-        ("Log entry", f"#{entry['seq']}"), ("Entry hash", _Raw(f"<code>{e(entry['entry_hash'])}</code>")),
-        ("Previous entry's hash", _Raw(f"<code>{e(entry['prev_hash'])}</code>")),
-        ("Log head when issued", _Raw(f"#{e(str(head.get('seq')))} <code>{e(str(head.get('hash')))}</code>")),
+    sections.append(_section("Integrity", _tab([
+        ("Log entry", f"#{entry['seq']}"), ("Entry hash", _Code(entry["entry_hash"])),
+        ("Previous entry's hash", _Code(entry["prev_hash"])),
+        ("Log head when issued", _Code(head.get("hash"), before=f"#{head.get('seq')} ")),
         ("Receipt issued (UTC)", receipt.get("issued")),
-        ("Receipt sha256", _Raw(f"<code>{e(str(receipt.get('receipt_sha256')))}</code>")),
-        ("Signed by (Ed25519 public key)", _Raw(f"<code>{e(str(receipt.get('public_key')))}</code>")
-         if receipt.get("signature") else "unsigned (older format)"),
-    ]) + "<p>To check this receipt with only the operator's public key: <code>munkey audit verify-receipt "
-        f"{e(receipt['request_id'])}.json --public-key KEY</code>; against the run's audit log too: add the run "
-        "folder. The JSON file is the authoritative receipt; this page shows it.</p></body></html>")
-    return "".join(parts)
+        ("Receipt sha256", _Code(receipt.get("receipt_sha256"))),
+        ("Signed by (Ed25519 public key)", _Code(receipt.get("public_key")) if receipt.get("signature")
+         else "unsigned (older format)"),
+    ])))
+    badge = ("refused: nothing was deleted" if refused else "deleted and verified" if ev.get("passed") else
+             "deleted; a post-deletion check FAILED")
+    return _template().render(
+        request_id=receipt["request_id"], css=_CSS, sections=sections, badge=badge,
+        badge_bad=refused or not ev.get("passed"),
+        title="Refused deletion request" if refused else "Deletion receipt")

@@ -1,0 +1,80 @@
+"""The receipt's readable page (audit.receipts.render_html, a Jinja2 template with autoescaping):
+every value taken from the receipt is escaped exactly once, whatever it holds, and the page shows
+the receipt's facts. Built on the real sample receipt in docs/."""
+
+from __future__ import annotations
+
+import copy
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+from munkey_core.audit.receipts import render_html
+
+SAMPLE = json.loads((Path(__file__).resolve().parents[1] / "docs" / "sample_receipt.json").read_text())
+HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)> & "quoted" \'single\''
+
+
+class _Page(HTMLParser):
+    """The page's tags and its visible text, as a browser's parser sees them."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.text: list[str] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    @property
+    def visible(self) -> str:
+        return " ".join(" ".join(self.text).split())
+
+
+def _hostile(receipt: dict) -> dict:
+    r = copy.deepcopy(receipt)
+    b = r["entry"]["body"]
+    for key in ("operator", "subject_ref", "dataset", "run_id", "request_id", "received", "method"):
+        b[key] = HOSTILE
+    b["evidence"]["oracle_note"] = HOSTILE
+    b["evidence"]["MIA_attack"] = HOSTILE
+    b["metrics"]["before_source"] = HOSTILE
+    b["samples"][0]["memory_sha256"] = HOSTILE
+    r["log"] = HOSTILE
+    r["issued"] = HOSTILE
+    r["request_id"] = HOSTILE
+    return r
+
+
+def test_the_sample_receipt_shows_its_facts() -> None:
+    page = _Page(render_html(SAMPLE))
+    body = SAMPLE["entry"]["body"]
+    text = page.visible
+    assert "Deletion receipt" in text and "deleted and verified" in text
+    assert SAMPLE["request_id"] in text and body["operator"] in text and SAMPLE["entry"]["entry_hash"] in text
+    assert f"{len(body['samples'])} training sample(s) deleted by this request" in text
+    assert all(str(s["id"]) in text and s["image_sha256"] in text for s in body["samples"])
+    assert f"{body['metrics']['after']['FA']:.2f}" in text
+    assert page.tags.count("table") == 7 and "script" not in page.tags and "img" not in page.tags
+
+
+def test_every_value_is_escaped_once() -> None:
+    raw = render_html(_hostile(SAMPLE))
+    page = _Page(raw)
+    assert "script" not in page.tags and "img" not in page.tags      # no markup came from the values
+    assert "<script>" not in raw and "<img" not in raw
+    assert "&lt;script&gt;" in raw and "&amp; &#34;quoted&#34;" in raw  # escaped, not double-escaped
+    assert page.visible.count(HOSTILE) >= 10                          # and shown to the reader as typed
+
+
+def test_a_refused_request_escapes_its_reason_and_ids() -> None:
+    r = copy.deepcopy(SAMPLE)
+    r["entry"]["body"] = {"kind": "refused", "request_id": "req-1", "operator": HOSTILE, "reason": HOSTILE,
+                          "requested_ids": [1, 2, HOSTILE]}
+    page = _Page(render_html(r))
+    assert "Refused deletion request" in page.visible and "refused: nothing was deleted" in page.visible
+    assert page.visible.count(HOSTILE) == 3 and "script" not in page.tags and "img" not in page.tags
