@@ -45,6 +45,8 @@ class UliraBench:
         self.folders = {"munkey": self.work / f"munkey_e{args.epochs}",
                         "vit": self.work / f"vit_e{args.vit_epochs}_shift{args.vit_shift:g}"}
         self.trained = 0
+        self.accuracy: dict[str, list[dict]] = {}  # family -> per shadow {"train", "test"} accuracy (percent)
+        self._acc: dict | None = None
 
     # ----- data -----------------------------------------------------------------------------
     def _setup(self):
@@ -110,6 +112,11 @@ class UliraBench:
         dev = resolve_device(a.device)
         model, _ = train_classifier(cfg, tcfg, tr.images[rows], tr.labels[rows], device=dev, progress=False)
         out = {NONE: classifier_probs(model, tr.images[targets], cfg.img_size)}
+        # how much this shadow memorised: accuracy on its own training rows and on the test split
+        self._acc = {"train": float((classifier_probs(model, tr.images[rows], cfg.img_size).argmax(1)
+                                     == tr.labels[rows]).mean() * 100),
+                     "test": float((classifier_probs(model, ds.test.images, cfg.img_size).argmax(1)
+                                    == ds.test.labels).mean() * 100)}
         forget_rows = np.intersect1d(rows, targets)
         retain_rows = np.setdiff1d(rows, targets)
 
@@ -127,12 +134,18 @@ class UliraBench:
         path = self.folders[family] / f"shadow_{s:03d}.json"
         tag = {"methods": self.methods if family == "vit" else [], "targets": targets.tolist(), "rows": len(rows)}
         if path.exists() and read_json(path).get("tag") == tag:
-            return {k: np.asarray(v) for k, v in read_json(path)["probs"].items()}
+            cached = read_json(path)
+            if cached.get("accuracy"):
+                self.accuracy.setdefault(family, []).append(cached["accuracy"])
+            return {k: np.asarray(v) for k, v in cached["probs"].items()}
         seed = 1000 * (self.args.seed + 1) + s  # every shadow its own training seed
+        self._acc = None
         out = (self._munkey_shadow(ds, keys, rows, targets, seed) if family == "munkey"
                else self._vit_shadow(ds, rows, targets, seed))
         self.trained += 1
-        atomic_write_json(path, {"tag": tag, "probs": {k: v.tolist() for k, v in out.items()}})
+        if self._acc:
+            self.accuracy.setdefault(family, []).append(self._acc)
+        atomic_write_json(path, {"tag": tag, "probs": {k: v.tolist() for k, v in out.items()}, "accuracy": self._acc})
         return out
 
     # ----- the attack ---------------------------------------------------------------------------
@@ -182,7 +195,10 @@ class UliraBench:
                  f"(the attack's power). TPR at 0.1% FPR rests on {n_neg} retrained pairs: below "
                  f"1/{n_neg} = {100 / max(n_neg, 1):.2f}% FPR it counts only unlearned pairs scored above every "
                  "retrained one.", "",
-                 f"Wall time of this invocation: {wall:.0f} s ({self.trained} shadow model(s) trained by it).", "",
+                 f"Wall time of this invocation: {wall:.0f} s ({self.trained} shadow model(s) trained by it)."
+                 + "".join(f" Plain ViT shadows as trained: training-half accuracy "
+                           f"{np.mean([x['train'] for x in acc]):.1f}%, test accuracy {np.mean([x['test'] for x in acc]):.1f}% "
+                           f"(mean of {len(acc)})." for fam, acc in self.accuracy.items() if fam == "vit" and acc), "",
                  "Command: `munkey " + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "`", "",
                  "| family | method | accuracy | AUC | TPR@1% FPR | TPR@0.1% FPR |", "|---|---|---|---|---|---|"]
         for r in rows:
