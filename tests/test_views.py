@@ -127,6 +127,9 @@ def test_delete_and_measure_deletes_and_reports(tiny_run: Path) -> None:
     assert before["MIA"] is None and before["FA"] is not None and before["TA"] is not None
     assert after["FA"] is not None and after["MIA"] is not None and after["deleted"] == len(ids)
     assert summary["retrieval_check"]["ok"] and summary["retrieval_check"]["ids_checked"] == len(ids)
+    same = summary["same_class"]  # FA against unseen samples of the same classes, not TA overall
+    assert same["FA_minus_TA_same_classes"] == pytest.approx(summary["FA_this_request_after"] - same["TA_same_classes"])
+    assert "does not show" in same["same_class_note"]
     assert not set(ids) & set(load_bank(tiny_run).ids.tolist())
     json.dumps(summary)  # JSON-ready as is
     assert len(run.metrics_history) == 2  # before (no current entry existed) and after
