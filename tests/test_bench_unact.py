@@ -11,14 +11,17 @@ from munkey_core.cli import main
 def test_bench_unact_writes_tables(tiny_classifier_runs, tmp_path: Path, capsys) -> None:
     out = tmp_path / "results"
     code = main(["bench", "unact", str(tiny_classifier_runs["resnet18"]), "--classes", "1,6", "--shots", "5,all",
-                 "--p", "90", "--gamma", "0.1", "--k", "5", "--out", str(out)])
+                 "--p", "90", "--gamma", "0.1", "--k", "5", "--ssd-tune", "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0
     assert "Full class" in text and "Few-shot" in text and "Sequential" in text and "SSD cold / one-round UnAct" in text
     rows = list(csv.DictReader(open(out / "unact_digits.csv")))
     methods = {(r["section"], r["method"]) for r in rows}
     assert ("full class", "ssd") in methods and ("full class", "unact (attribution)") in methods
-    assert ("few-shot", "lfssd") in methods and ("sequential", "unact (activation)") in methods
+    assert ("few-shot", "lfssd") in methods and ("full class", "mask (logit)") in methods
+    assert ("sequential", "unact (activation), stop: rounds") in methods
+    assert ("sequential", "unact (activation), stop: forgotten") in methods
+    assert "SSD / LFSSD working points" in text and "(chosen)" in text
     full = [r for r in rows if r["section"] == "full class" and r["method"] == "unact (attribution)"]
     assert {r["class"] for r in full} == {"1", "6"}
     assert all(float(r["Af"]) < float(r["Af_before"]) for r in full)
@@ -27,6 +30,16 @@ def test_bench_unact_writes_tables(tiny_classifier_runs, tmp_path: Path, capsys)
     assert (out / "unact_digits.md").read_text().startswith("## UnAct on digits")
 
 
-def test_bench_unact_refuses_a_munkey_run_first(tiny_run: Path, capsys) -> None:
-    assert main(["bench", "unact", str(tiny_run)]) == 2
-    assert "--munkey-run" in capsys.readouterr().err
+def test_bench_unact_on_a_munkey_run_alone(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "results"
+    assert main(["bench", "unact", str(tiny_run), "--classes", "2,5", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "MUNKEY run: full class" in text and "MUNKEY run, one model" in text
+    rows = list(csv.DictReader(open(out / "unact_digits.csv")))
+    methods = {(r["section"], r["method"]) for r in rows}
+    for m in ("keys", "mask (logit)", "unact (inference path)", "keys+unact (inference path)",
+              "keys+unact (image pathway, earlier design)"):
+        assert ("munkey full class", m) in methods
+    assert ("munkey few-shot", "keys+unact (inference path)") in methods
+    seq = [r for r in rows if r["section"] == "munkey sequential"]
+    assert [r["requests"] for r in seq] == ["1", "2"]

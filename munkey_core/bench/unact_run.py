@@ -13,9 +13,18 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from munkey_core.unlearn.classforget import ClassEditor, ClassRequest
+from munkey_core.unlearn.classforget import ClassEditor, ClassRequest, class_metrics
 from munkey_core.errors import MunkeyError
+from munkey_core.unlearn.ssd import SSDConfig, cached_importance, dampen, importance, reference_order
 from munkey_core.unlearn.unact import UnActConfig
+
+# SSD / LFSSD tuning grid (validation split): the paper's values bracketed (alpha 8-50, lambda 0.5-1,
+# batch 64-512 on CIFAR); two batch sizes because alpha's meaning moves with the batch size
+SSD_ALPHAS = (2.0, 5.0, 10.0, 20.0, 50.0)
+SSD_LAMBDAS = (0.5, 1.0)
+SSD_BATCHES = (64, 256)
+# the earlier MUNKEY design, kept as a comparison row: image pathway (null token), every block, no head
+EARLIER = UnActConfig(99.0, 0.01, 20, "attribution")
 
 COLUMNS = ("section", "model", "method", "class", "n", "Af", "Ar", "Af_oracle", "Ar_oracle", "Delta", "seconds")
 
@@ -55,6 +64,8 @@ class UnactBench:
         self.scores = [s.strip() for s in args.scores.split(",") if s.strip()]
         self.rows: list[dict] = []
         self.lines: list[str] = []
+        self.ssd_cfg: dict[str, SSDConfig] = {}   # tuned working points (--ssd-tune)
+        self.tuning: list[dict] = []
 
     # ----- helpers ----------------------------------------------------------------------
     def _cfg(self, ed: ClassEditor, score: str = "activation", **over) -> UnActConfig:
@@ -83,11 +94,14 @@ class UnactBench:
         for c in self.classes:
             full = ed.class_images(c)
             for method in ("ssd", "lfssd"):
-                cold, _, _ = ed.request(method, full, cls=c, cold=True)
-                warm, _, _ = ed.request(method, full, cls=c)
+                scfg = self.ssd_cfg.get(method)
+                cold, _, _ = ed.request(method, full, cls=c, cold=True, ssd=scfg)
+                warm, _, _ = ed.request(method, full, cls=c, ssd=scfg)
                 self._record("full class", name, method, warm)
-                self.rows[-1]["seconds_cold"] = cold.seconds
+                self.rows[-1].update(seconds_cold=cold.seconds, dampened_pct=warm.details.get("dampened_pct"))
                 bar.update(2)
+            req, _, _ = ed.request("mask", full, cls=c)
+            self._record("full class", name, "mask (logit)", req)
             for score in self.scores if name == "resnet18" else ["attribution"]:
                 req, _, _ = ed.request("unact", full, cls=c, cfg=self._cfg(ed, score))
                 self._record("full class", name, f"unact ({score})" if name == "resnet18" else "unact", req)
@@ -102,45 +116,143 @@ class UnactBench:
                     self._record("few-shot", name, f"unact ({score})" if name == "resnet18" else "unact", req)
                 if n == small:
                     for method in ("ssd", "lfssd"):
-                        req, _, _ = ed.request(method, imgs, cls=c)
+                        req, _, _ = ed.request(method, imgs, cls=c, ssd=self.ssd_cfg.get(method))
                         self._record("few-shot", name, method, req)
+                        self.rows[-1]["dampened_pct"] = req.details.get("dampened_pct")
                 bar.update(1)
 
     def sequential(self, ed: ClassEditor, bar: tqdm) -> None:
-        model = ed.working_copy()
+        """The classes removed one after another from one model: the paper's rule (every request runs its
+        k rounds) and ours (each request stops once its images no longer give the class)."""
         labels = ed.dataset.test.labels[ed.test_index]
         base_pred = ed.predict_test(ed.model)
-        gone: list[int] = []
-        cfg = self._cfg(ed, self.scores[0])
-        for c in self.classes:
-            t0 = time.perf_counter()
-            ed.run_unact(ed.class_images(c), cfg, model=model)
-            seconds = time.perf_counter() - t0
-            gone.append(c)
-            pred = ed.predict_test(model)
-            kept = ~np.isin(labels, gone)
-            forgot = np.isin(labels, gone)
-            self.rows.append({
-                "section": "sequential", "model": ed.arch, "method": f"unact ({cfg.score})", "class": c,
+        for stop in ("rounds", "forgotten"):
+            model = ed.working_copy()
+            gone: list[int] = []
+            cfg = replace(self._cfg(ed, self.scores[0]), stop=stop)
+            for c in self.classes:
+                t0 = time.perf_counter()
+                _, res = ed.run_unact(ed.class_images(c), cfg, model=model)
+                seconds = time.perf_counter() - t0
+                gone.append(c)
+                pred = ed.predict_test(model)
+                self.rows.append(self._sequential_row(ed, f"unact ({cfg.score}), stop: {stop}", c, gone, pred, labels,
+                                                      base_pred, seconds, len(res.rounds)))
+                bar.update(1)
+
+    def _sequential_row(self, ed: ClassEditor, method: str, c: int, gone: list[int], pred: np.ndarray,
+                        labels: np.ndarray, base_pred: np.ndarray, seconds: float, rounds: int) -> dict:
+        kept, forgot = ~np.isin(labels, gone), np.isin(labels, gone)
+        return {"section": "sequential", "model": ed.arch, "method": method, "class": c,
                 "n": int((ed.dataset.train.labels == c).sum()), "requests": len(gone),
                 "Af": float(100 * np.mean(pred[forgot] == labels[forgot])),
                 "Ar": float(100 * np.mean(pred[kept] == labels[kept])),
                 "Ar_before": float(100 * np.mean(base_pred[kept] == labels[kept])),
-                "Af_oracle": None, "Ar_oracle": None, "Delta": None, "seconds": seconds})
-            bar.update(1)
+                "Af_oracle": None, "Ar_oracle": None, "Delta": None, "seconds": seconds, "rounds": rounds}
+
+    def munkey_cfg(self, ed: ClassEditor) -> UnActConfig:
+        a, base = self.args, ed.default_config()
+        return replace(base, p=base.p if a.munkey_p is None else a.munkey_p,
+                       gamma=base.gamma if a.munkey_gamma is None else a.munkey_gamma,
+                       k=base.k if a.munkey_k is None else a.munkey_k)
 
     def munkey_sections(self, ed: ClassEditor, bar: tqdm) -> None:
+        cfg = self.munkey_cfg(ed)
+        rows = [("keys", "keys", None, None), ("mask (logit)", "mask", None, None),
+                ("unact (inference path)", "unact", cfg, None), ("keys+unact (inference path)", "keys+unact", cfg, None),
+                ("keys+unact (image pathway, earlier design)", "keys+unact", EARLIER,
+                 {"path": "image", "head": False, "blocks": len(ed.model.vit.blocks)})]
         for c in self.classes:
             for n in (0, 5):
                 imgs = ed.class_images(c, n, seed=self.args.seed)
-                for method in ("keys", "unact", "keys+unact"):
-                    if method == "keys" and n:
-                        continue  # key deletion does not use the images
-                    a = self.args
-                    cfg = UnActConfig(a.munkey_p, a.munkey_gamma, a.munkey_k)
-                    req, _, _ = ed.request(method, imgs, cls=c, cfg=cfg)
-                    self._record("munkey full class" if not n else "munkey few-shot", "munkey", method, req)
+                for label, method, mcfg, options in rows:
+                    if method in ("keys", "mask") and n:
+                        continue  # neither uses the images
+                    req, _, _ = ed.request(method, imgs, cls=c, cfg=mcfg, unact_options=options)
+                    self._record("munkey full class" if not n else "munkey few-shot", "munkey", label, req)
+                    self.rows[-1].update({k: req.details.get(k) for k in ("rounds", "units", "keys_deleted")})
                     bar.update(1)
+
+    def munkey_sequential(self, ed: ClassEditor, bar: tqdm) -> None:
+        """Key deletion + UnAct for the classes one after another on one model and one bank."""
+        cfg = self.munkey_cfg(ed)
+        labels = ed.dataset.test.labels[ed.test_index]
+        base_pred = ed.predict_test(ed.model)
+        model, bank = ed.working_copy(), None
+        gone: list[int] = []
+        for c in self.classes:
+            imgs = ed.class_images(c)
+            t0 = time.perf_counter()
+            target = ed.pseudo_label(imgs, model=model, bank=bank)
+            bank = ed.class_bank(c, bank)[0]
+            _, res = ed.run_unact(imgs, cfg, model=model, bank=bank, target=target)
+            seconds = time.perf_counter() - t0
+            gone.append(c)
+            pred = ed.predict_test(model, bank)
+            row = self._sequential_row(ed, "keys+unact (inference path)", c, gone, pred, labels, base_pred, seconds,
+                                       len(res.rounds))
+            row.update(section="munkey sequential", model="munkey")
+            self.rows.append(row)
+            bar.update(1)
+
+    def tune_ssd(self, ed: ClassEditor, bar: tqdm) -> None:
+        """One SSD and one LFSSD working point for the dataset: the grid point with the lowest mean over
+        the forgotten classes of Af_val + max(0, Ar_val(original) - Ar_val) on the validation split."""
+        from munkey_core.run.classifier import predict_labels
+
+        tr, val = ed.dataset.train, ed.dataset.val
+        size = ed.run.cfg.img_size
+        base_pred = predict_labels(ed.model, val.images, size)
+        scores: dict[tuple, list[float]] = {}
+        for method in ("ssd", "lfssd"):
+            for batch in SSD_BATCHES:
+                for c in self.classes:
+                    work = ed.working_copy()
+                    order = reference_order(tr.labels, c)
+                    i_d, _ = cached_importance(
+                        ed.root / "importance", ed.fingerprint(), method, batch,
+                        lambda: importance(work, ed.to_input, tr.images[order], tr.labels[order], method, batch),
+                        order=f"c{c}")
+                    imgs = ed.class_images(c)
+                    i_f = importance(work, ed.to_input, imgs, None if method == "lfssd" else np.full(len(imgs), c),
+                                     method, batch)
+                    before = class_metrics(base_pred, val.labels, c, ed.num_classes)
+                    for alpha in SSD_ALPHAS:
+                        for lam in SSD_LAMBDAS:
+                            m = ed.working_copy()
+                            n = dampen(m, i_f, i_d, alpha, lam)
+                            after = class_metrics(predict_labels(m, val.images, size), val.labels, c, ed.num_classes)
+                            loss = after.Af + max(0.0, before.Ar - after.Ar)
+                            scores.setdefault((method, alpha, lam, batch), []).append(loss)
+                            self.tuning.append({"method": method, "alpha": alpha, "lambda": lam, "batch": batch,
+                                                "class": c, "Af_val": after.Af, "Ar_val": after.Ar,
+                                                "Ar_val_before": before.Ar, "loss": loss,
+                                                "dampened_pct": 100.0 * n / sum(p.numel() for p in m.parameters())})
+                    bar.update(1)
+            best = min((k for k in scores if k[0] == method), key=lambda k: statistics.mean(scores[k]))
+            self.ssd_cfg[method] = SSDConfig(method=method, alpha=best[1], lam=best[2], batch_size=best[3])
+        self.tuning_scores = {k: statistics.mean(v) for k, v in scores.items()}
+
+    def tuning_table(self) -> None:
+        if not self.tuning:
+            return
+        self.lines += ["### SSD / LFSSD working points (tuned on the validation split)", "",
+                       f"Grid: alpha {', '.join(f'{a:g}' for a in SSD_ALPHAS)} x lambda "
+                       f"{', '.join(f'{x:g}' for x in SSD_LAMBDAS)} x batch {', '.join(map(str, SSD_BATCHES))}; "
+                       "I_D over the training data in the reference order (retain classes, then the forget class); "
+                       "criterion: mean over the classes of Af_val + max(0, Ar_val before - Ar_val).", "",
+                       "| method | alpha | lambda | batch | mean criterion | mean Af_val | mean Ar_val | mean % dampened |",
+                       "|---|---|---|---|---|---|---|---|"]
+        for method in ("ssd", "lfssd"):
+            ranked = sorted((k for k in self.tuning_scores if k[0] == method), key=self.tuning_scores.get)
+            for k in ranked[:3] + [k for k in ranked if (k[1], k[2]) == (10.0, 1.0) and k[3] == 64][:1]:
+                rs = [r for r in self.tuning if (r["method"], r["alpha"], r["lambda"], r["batch"]) == k]
+                mark = " (chosen)" if k == ranked[0] else (" (SSD default)" if (k[1], k[2], k[3]) == (10.0, 1.0, 64) else "")
+                self.lines.append(f"| {method}{mark} | {k[1]:g} | {k[2]:g} | {k[3]} | {self.tuning_scores[k]:.2f} | "
+                                  f"{statistics.mean(r['Af_val'] for r in rs):.2f} | "
+                                  f"{statistics.mean(r['Ar_val'] for r in rs):.2f} | "
+                                  f"{statistics.mean(r['dampened_pct'] for r in rs):.2f} |")
+        self.lines.append("")
 
     # ----- report -----------------------------------------------------------------------
     def table(self, section: str, title: str) -> None:
@@ -151,12 +263,14 @@ class UnactBench:
         for r in rows:
             n = "all" if section in ("full class", "munkey full class") else r["n"]
             groups.setdefault((r["model"], r["method"], n), []).append(r)
-        self.lines += [f"### {title}", "", "| model | method | n | Af | Ar | Af* | Ar* | Delta | s / request | "
-                       "SSD cold s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        self.lines += [f"### {title}", "", "| model | method | n | Af | Ar | Af* | Ar* | Delta (classes with an oracle) | "
+                       "s / request | SSD cold s | % params dampened |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for (model, method, n), rs in groups.items():
             col = lambda k: _mean_sd([r.get(k) for r in rs])  # noqa: E731
+            with_oracle = sum(r.get("Delta") is not None for r in rs)
             self.lines.append(f"| {model} | {method} | {n} | {col('Af')} | {col('Ar')} | {col('Af_oracle')} | "
-                              f"{col('Ar_oracle')} | {col('Delta')} | {col('seconds')} | {col('seconds_cold')} |")
+                              f"{col('Ar_oracle')} | {col('Delta')} ({with_oracle}) | {col('seconds')} | "
+                              f"{col('seconds_cold')} | {col('dampened_pct')} |")
         self.lines += ["", f"Mean ± standard deviation over classes {', '.join(map(str, self.classes))}.", ""]
 
     def per_class_table(self, section: str, method_prefix: str) -> None:
@@ -172,16 +286,17 @@ class UnactBench:
                               f"{f(r['Delta'])} |")
         self.lines.append("")
 
-    def sequential_table(self) -> None:
-        rows = [r for r in self.rows if r["section"] == "sequential"]
+    def sequential_table(self, section: str) -> None:
+        rows = [r for r in self.rows if r["section"] == section]
         if not rows:
             return
-        self.lines += ["### Sequential requests (one model, one class after another)", "",
-                       "| after request | class removed | Af (all removed so far) | Ar (classes kept) | "
-                       "original's Ar on the same classes | s |", "|---|---|---|---|---|---|"]
+        self.lines += [f"### Sequential requests ({'MUNKEY run, ' if section.startswith('munkey') else ''}one model, "
+                       "one class after another)", "",
+                       "| rule | after request | class removed | rounds | Af (all removed so far) | Ar (classes kept) | "
+                       "original's Ar on the same classes | s |", "|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            self.lines.append(f"| {r['requests']} | {r['class']} | {r['Af']:.2f} | {r['Ar']:.2f} | {r['Ar_before']:.2f} "
-                              f"| {r['seconds']:.2f} |")
+            self.lines.append(f"| {r['method']} | {r['requests']} | {r['class']} | {r.get('rounds', '-')} | {r['Af']:.2f} | "
+                              f"{r['Ar']:.2f} | {r['Ar_before']:.2f} | {r['seconds']:.2f} |")
         self.lines.append("")
 
     def speed_lines(self) -> None:
@@ -213,45 +328,68 @@ class UnactBench:
     def run(self) -> int:
         a = self.args
         t_start = time.perf_counter()
-        ed = ClassEditor(a.run, device=a.device)
-        if ed.kind != "classifier":
+        first = ClassEditor(a.run, device=a.device)
+        ed = first if first.kind == "classifier" else None
+        if ed is None and a.munkey_run:
             raise MunkeyError(f"{a.run} is a MUNKEY run; pass a ResNet-18 / ViT run first and the MUNKEY run with "
-                              "--munkey-run.")
-        med = ClassEditor(a.munkey_run, device=a.device) if a.munkey_run else None
-        bad = [c for c in self.classes if not 0 <= c < ed.num_classes]
+                              "--munkey-run, or the MUNKEY run alone.")
+        med = first if ed is None else (ClassEditor(a.munkey_run, device=a.device) if a.munkey_run else None)
+        editors = [e for e in (ed, med) if e is not None]
+        bad = [c for c in self.classes if not 0 <= c < first.num_classes]
         if bad:
-            raise MunkeyError(f"Class(es) {bad} do not exist in this run (classes 0-{ed.num_classes - 1}).")
+            raise MunkeyError(f"Class(es) {bad} do not exist in this run (classes 0-{first.num_classes - 1}).")
         if a.train_oracles:
-            for e in [ed] + ([med] if med else []):
+            for e in editors:
                 for c in self.classes:
                     e.train_oracle(c)
-        n_scores = len(self.scores) if ed.arch == "resnet18" else 1
-        per_class = (5 + n_scores + len([s for s in self.shots if s])) * len(self.classes)
-        total = per_class + (0 if a.no_sequential else len(self.classes)) + (5 * len(self.classes) if med else 0)
+        n = len(self.classes)
+        total = 0
+        if ed is not None:
+            n_scores = len(self.scores) if ed.arch == "resnet18" else 1
+            total += (6 + n_scores + len([s for s in self.shots if s])) * n + (0 if a.no_sequential else 2 * n)
+            total += 2 * len(SSD_BATCHES) * n if a.ssd_tune else 0
+        if med is not None:
+            total += 9 * n + (0 if a.no_sequential else n)
         with tqdm(total=total, desc="bench unact", unit="request", dynamic_ncols=True) as bar:
-            self.classifier_sections(ed, bar)
-            if not a.no_sequential:
-                self.sequential(ed, bar)
+            if ed is not None:
+                if a.ssd_tune:
+                    self.tune_ssd(ed, bar)
+                self.classifier_sections(ed, bar)
+                if not a.no_sequential:
+                    self.sequential(ed, bar)
             if med is not None:
                 self.munkey_sections(med, bar)
+                if not a.no_sequential:
+                    self.munkey_sequential(med, bar)
         wall = time.perf_counter() - t_start
-        name = ed.run.config["dataset"]
-        self.lines = [f"## UnAct on {name}: {ed.arch} (width {ed.run.cfg.width})" if ed.arch == "resnet18"
-                      else f"## UnAct on {name}: {ed.arch}", "",
-                      f"Test images: {len(ed.test_index)} ({name} test split). Af: accuracy on the forgotten class, "
+        name = first.run.config["dataset"]
+        title = (f"{ed.arch} (width {ed.run.cfg.width})" if ed.arch == "resnet18" else ed.arch) if ed else "MUNKEY run"
+        self.lines = [f"## UnAct on {name}: {title}", "",
+                      f"Test images: {len(first.test_index)} ({name} test split). Af: accuracy on the forgotten class, "
                       "Ar: on the other classes; * = the class oracle (same recipe, trained without the class); "
                       "Delta = |Ar - Ar*| + |Af - Af*|. Wall time of this benchmark: "
                       f"{wall / 60:.1f} min.", ""]
-        self.table("full class", "Full class (every training image of the class)")
-        self.speed_lines()
-        self.table("few-shot", "Few-shot requests (n seeded training images of the class)")
-        self.per_class_table("few-shot", "unact")
-        self.sequential_table()
+        if ed is not None:
+            self.tuning_table()
+            self.table("full class", "Full class (every training image of the class)")
+            self.per_class_table("full class", "unact")
+            self.speed_lines()
+            self.table("few-shot", "Few-shot requests (n seeded training images of the class)")
+            self.per_class_table("few-shot", "unact")
+            self.sequential_table("sequential")
         if med is not None:
-            self.lines += [f"UnAct on the MUNKEY backbone: p {a.munkey_p:g}, gamma {a.munkey_gamma:g}, k {a.munkey_k} "
-                           "(image pathway scored with the null token; the bank is not read).", ""]
-            self.table("munkey full class", "MUNKEY run: class key deletion, UnAct on the backbone, both (full class)")
+            c = self.munkey_cfg(med)
+            self.lines += [f"UnAct on the MUNKEY backbone (the product default): p {c.p:g}, gamma {c.gamma:g}, k {c.k}, "
+                           f"stop: {c.stop}; scored along the inference path (each image with its K neighbours from "
+                           "the bank the request leaves, ensemble-weighted), MLP neurons of the last third of the "
+                           "blocks plus the classifier's inputs. The earlier design: p 99, k 20, image pathway (null "
+                           "token), every block, no classifier inputs. mask: the class's logit forced down "
+                           "(suppression only: the features, units, keys and exemplars all stay).", ""]
+            self.table("munkey full class", "MUNKEY run: full class")
+            self.per_class_table("munkey full class", "keys+unact (inference")
             self.table("munkey few-shot", "MUNKEY run: n = 5 images")
+            self.per_class_table("munkey few-shot", "keys+unact (inference")
+            self.sequential_table("munkey sequential")
         text = "\n".join(self.lines)
         print(text)
         if a.out:

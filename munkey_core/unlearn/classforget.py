@@ -344,11 +344,11 @@ class ClassEditor:
         res = ssd_forget(work, self.to_input, images_u8, labels, full, cfg)
         return work, res
 
-    def class_bank(self, cls: int) -> tuple[MemoryBank, list[int]]:
-        """A copy of the MUNKEY bank without every entry labelled `cls`, and the deleted ids."""
+    def class_bank(self, cls: int, base: MemoryBank | None = None) -> tuple[MemoryBank, list[int]]:
+        """A copy of the MUNKEY bank (or of `base`) without every entry labelled `cls`, and the deleted ids."""
         if self.kind != "munkey":
             raise MunkeyError("Class key deletion needs a MUNKEY run (its memory bank).")
-        b = self.run.bank
+        b = self.run.bank if base is None else base
         bank = MemoryBank(b.ids, b.labels, b.keys.clone(), b.values.clone())
         ids = [int(i) for i in b.ids[b.labels == cls]]
         bank.delete(ids)
@@ -358,10 +358,12 @@ class ClassEditor:
     def request(self, method: str, images_u8: np.ndarray, *, cls: int | None = None,
                 labels: np.ndarray | None = None, cfg: UnActConfig | None = None,
                 ssd: SSDConfig | None = None, cold: bool = False,
-                on_round: Callable[[RoundInfo, torch.nn.Module], None] | None = None
+                on_round: Callable[[RoundInfo, torch.nn.Module], None] | None = None,
+                unact_options: dict | None = None
                 ) -> tuple[ClassRequest, torch.nn.Module, MemoryBank | None]:
         """Run one request with `method` on the images; measured against the class `cls` (default: the
-        pseudo-label). Returns the report, the edited model and (MUNKEY) the edited bank."""
+        pseudo-label). `unact_options` go to `run_unact` (path, head, blocks). Returns the report, the
+        edited model and (MUNKEY) the edited bank."""
         if method not in METHODS:
             raise MunkeyError(f"Unknown method '{method}'; choose one of {', '.join(METHODS)}.")
         if len(images_u8) == 0:
@@ -381,7 +383,7 @@ class ClassEditor:
         if uses_unact:
             t_unact = time.perf_counter()
             model, res = self.run_unact(images_u8, cfg, on_round=on_round, bank=bank,
-                                        target=pseudo if munkey else None)
+                                        target=pseudo if munkey else None, **(unact_options or {}))
             excluded = time.perf_counter() - t_unact - res.seconds
             pseudo = res.pseudo_label
             details.update(rounds=len(res.rounds), units=len({u for r in res.rounds for u in r.selected}),
@@ -407,14 +409,15 @@ class ClassEditor:
                              after.delta(oracle), details), model, bank)
 
     @torch.no_grad()
-    def pseudo_label(self, images_u8: np.ndarray, model: torch.nn.Module | None = None) -> int:
+    def pseudo_label(self, images_u8: np.ndarray, model: torch.nn.Module | None = None,
+                     bank: MemoryBank | None = None) -> int:
         """argmax of the mean logits over the images (MUNKEY: of the mean log ensemble probabilities,
         each image with its neighbours in the run's bank: the class the run predicts)."""
         m = self.model if model is None else model
         x = self.to_input(images_u8)
         if self.kind != "munkey":
             return int(torch.cat([m(x[i:i + 256]) for i in range(0, len(x), 256)]).double().mean(0).argmax())
-        scope = scope_for(m, forward=munkey_ensemble_forward(m, *self.neighbours(images_u8)))
+        scope = scope_for(m, forward=munkey_ensemble_forward(m, *self.neighbours(images_u8, bank)))
         total = None
         for i in range(0, len(x), 256):
             logits, _ = scope.forward_stats(x[i:i + 256], slice(i, min(i + 256, len(x))))
