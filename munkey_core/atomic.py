@@ -30,7 +30,7 @@ def fsync_dir(path: Path) -> None:
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Replace `path` with what `write(file)` writes, atomically and durably (streamed: no copy in memory)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # e.g. receipts/: owner-only
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

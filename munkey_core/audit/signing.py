@@ -63,11 +63,14 @@ def _check_private_file(path: Path) -> None:
 
 def _create_private_file(path: Path, data: bytes) -> None:
     """Write a new secret file 0600 in a 0700 directory; never replaces an existing one."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return  # another process created it first: use theirs
+    except OSError as exc:
+        raise MunkeyError(f"Cannot create the key file {path} ({exc.strerror or exc}); set {CONFIG_ENV} to a "
+                          "private folder you can write (outside every run). Nothing was changed.") from None
     with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
