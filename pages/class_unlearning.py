@@ -3,8 +3,8 @@
 Pick the model (the open MUNKEY run, or a ResNet-18 / ViT classifier run next to it), the images of
 the class (a class and n from the training data, or uploaded images: no label needed), and p, gamma
 and k; the request runs off the script thread (munkey_core.dashboard.classforget_job) with a per-round chart of
-Af and Ar, then is compared with SSD and LFSSD (classifier runs) or with key deletion alone and UnAct
-alone (MUNKEY runs). Keeping the edited model saves it as a new run and needs the operator credential;
+Af and Ar, then is compared with SSD, LFSSD and the masked logit (classifier runs) or with key
+deletion alone, UnAct alone and the masked logit (MUNKEY runs). Keeping the edited model saves it as a new run and needs the operator credential;
 the original run is never modified.
 """
 
@@ -71,8 +71,11 @@ def _job_progress(job: ClassUnlearnJob) -> None:
 st.title("Class unlearning")
 st.write("Remove a whole class from a trained model, given only some images of it: no labels, no retained data, "
          "no gradients. **UnAct** damps the late units that carry the class, round after round. On a MUNKEY run, "
-         "removing a class also means deleting every key of the class; the backbone still sees the image, so UnAct "
-         "on the backbone completes it. The original run is never changed: keep the edited model as a new run.")
+         "removing a class deletes every key of the class and then runs UnAct on the backbone along the path "
+         "inference takes (each image with the neighbours it retrieves once the keys are gone), until the images "
+         "no longer give the class. The comparison rows include masking the class's output: it hides the class "
+         "without removing anything inside the model. The original run is never changed: keep the edited model "
+         "as a new run.")
 
 # ----- which model ------------------------------------------------------------------------------
 here = run_dir()
