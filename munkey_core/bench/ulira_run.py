@@ -165,7 +165,7 @@ class UliraBench:
         for family in families:
             outs = [self._shadow(family, s, ds, keys, h, targets)
                     for s, h in enumerate(tqdm(halves, desc=f"{family} shadows", unit="model", dynamic_ncols=True))]
-            for method in outs[0]:
+            for method in [NONE] + ([KEY_DELETION] if family == "munkey" else self.methods):  # control first
                 obs = np.stack([logit_confidence(o[method], labels) for o in outs])  # (S, T)
                 rep = ulira_report(method, ulira_scores(obs, unlearned, variance=a.variance), unlearned, seed=a.seed)
                 row = {"family": "MUNKEY" if family == "munkey" else "plain ViT", "method": method,
