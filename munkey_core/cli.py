@@ -218,13 +218,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise MunkeyError("--inject-at is a MUNKEY option (where the exemplar token joins); a resnet18 / vit run has "
                           "no exemplar token. Drop --inject-at or use --arch munkey.")
     if args.arch != "munkey":
-        from munkey_core.run.classifier import train_classifier_run
+        from munkey_core.training.classifier import train_classifier_run
 
         crun = train_classifier_run(args.dataset, args.out, arch=args.arch, profile=args.profile,
                                     exclude_classes=args.exclude_class, data_root=args.data_root,
                                     download=args.download, device=args.device, overrides=overrides)
         last = crun.config
-        hist = json.loads((Path(args.out) / "history.json").read_text())[-1]
+        hist = json.loads(crun.paths.history.read_text())[-1]
         print(f"trained {args.arch} on {last['dataset']} ({last['train_size']} images, profile {last['profile']}) in "
               f"{last['train_seconds']} s; final train acc {hist['train_acc']:.1f}%, val acc "
               f"{_fmt(hist.get('val_acc'), 1)}% -> {args.out}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from munkey_core.run.paths import RunPaths
 from munkey_core.service import MunkeyRun, train_run
 from munkey_core.data.sampling import random_ids
 
@@ -20,7 +21,7 @@ def _row(name: str, before: dict, after: dict) -> str:
 def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: str = "auto",
              print_fn=print) -> dict:
     """Run the demo end to end and return the before/after metrics and the deletion result."""
-    if (out / "config.json").exists():
+    if RunPaths(out).config.exists():
         print_fn(f"reusing the run in {out}")
         run = MunkeyRun(out, device=device)
     else:

@@ -17,7 +17,8 @@ import streamlit as st
 
 from munkey_core.unlearn.classforget import ClassEditor
 from munkey_core.dashboard.classforget_job import ClassUnlearnJob
-from munkey_core.run.classifier import RESNET_PROFILES, classifier_runs_in, train_classifier_run
+from munkey_core.run.loaded import classifier_runs_in
+from munkey_core.training.classifier import RESNET_PROFILES, train_classifier_run
 from munkey_core.errors import MunkeyError
 from munkey_core.dashboard.views import TrainingJob, credential_gate
 from pages._common import (IMAGE_TYPES, ROOT, configured_token, decoded_uploads, fmt, require_run, run_dir,

@@ -44,7 +44,7 @@ def tiny_run(tiny_run_template: Path, tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_classifier_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A ResNet-18 and a plain ViT trained once per session on digits (tiny profile; do not modify)."""
-    from munkey_core.run.classifier import train_classifier_run
+    from munkey_core.training.classifier import train_classifier_run
 
     root = tmp_path_factory.mktemp("classifiers")
     runs = {"resnet18": root / "resnet18", "vit": root / "vit"}

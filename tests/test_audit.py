@@ -313,7 +313,7 @@ def test_a_request_that_fails_after_its_commit_point_is_not_logged_as_refused(ti
 
 
 def test_same_class_comparison_reweights_the_test_set_to_the_deleted_classes() -> None:
-    from munkey_core.forget.evidence import same_class_comparison
+    from munkey_core.eval.evaluate import same_class_comparison
 
     # deleted: 3 of class 0 (2 right), 1 of class 1 (right); test: class 0 50% right, class 1 100% right,
     # class 2 (absent from the request) 0% right: it must not count

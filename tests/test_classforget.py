@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from munkey_core.unlearn.classforget import ClassEditor, class_metrics
-from munkey_core.run.classifier import ClassifierRun
+from munkey_core.run.loaded import ClassifierRun
 from munkey_core.cli import main
 from _helpers import file_digests
 from munkey_core.run.rows import load_bank

@@ -60,7 +60,7 @@ def digits_models():
     set), a target of the same recipe trained on the other half B (never saw A), and 2 references on
     complementary halves of B, so they never saw A nor the test split (symmetric scoring)."""
     from munkey_core.data import datasets as data_mod
-    from munkey_core.run.classifier import classifier_recipe, train_classifier
+    from munkey_core.training.classifier import classifier_recipe, train_classifier
 
     ds = data_mod.load_dataset("digits", seed=0)
     pool = np.sort(np.random.default_rng(0).choice(len(ds.train), 300, replace=False))  # rows of ds.train

@@ -10,7 +10,7 @@ from munkey_core.config import ModelConfig
 from munkey_core.errors import MunkeyError
 from munkey_core.bank.memory import MemoryBank
 from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
-from munkey_core.model.predict import neighbour_weights, predict
+from munkey_core.model.predict import predict
 
 CFG = ModelConfig(img_size=16, patch_size=4, in_chans=1, num_classes=3, embed_dim=32, depth=2, num_heads=2,
                   exemplar_dim=8)
@@ -77,12 +77,20 @@ def test_fusion_modes_use_one_forward_with_the_fused_token(model: MunkeyViT, ban
     x = torch.randn(2, 1, 16, 16)
     q = bank.keys[[1, 2]]
     p = predict(model, bank, x, q, k=5, tau=0.1, mode=mode)
-    sims, rows = bank.search(q, 5)
-    w = neighbour_weights(sims, 0.1, mode)
-    fused = (w[..., None] * bank.values[rows]).sum(1)
-    np.testing.assert_allclose(p.probs, torch.softmax(model(x, fused), -1).detach().numpy(), rtol=1e-4, atol=1e-6)
-    if mode == "rank_fusion":
-        np.testing.assert_allclose(p.weights[0], np.array([1, 1 / 2, 1 / 3, 1 / 4, 1 / 5]) / (137 / 60), rtol=1e-5)
+    # the expectation from the definitions (predict.py docstring), not from the code's weight function:
+    # top-5 by cosine similarity, then softmax(sim / tau) or reciprocal-rank weights 1 / (rank + 1)
+    keys, values = bank.keys.numpy(), bank.values.numpy()
+    sims = q.numpy() @ keys.T  # (2, 20): unit keys
+    top = np.argsort(-sims, axis=1)[:, :5]  # (2, 5)
+    if mode == "softmax_fusion":
+        e = np.exp((np.take_along_axis(sims, top, 1) - sims.max(1, keepdims=True)) / 0.1)
+        w = e / e.sum(1, keepdims=True)
+    else:
+        w = np.tile(np.array([1, 1 / 2, 1 / 3, 1 / 4, 1 / 5]) / (137 / 60), (2, 1))
+    fused = torch.from_numpy((w[..., None] * values[top]).sum(1).astype(np.float32))  # (2, Dv)
+    np.testing.assert_allclose(p.weights, w, rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(p.neighbour_ids, bank.ids[top])
+    np.testing.assert_allclose(p.probs, torch.softmax(model(x, fused), -1).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_pathway_ablations_and_exclusion(model: MunkeyViT, bank: MemoryBank) -> None:

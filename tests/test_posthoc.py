@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from munkey_core.run.classifier import ClassifierRun, logits_of, train_classifier_run
+from munkey_core.model.classifiers import logits_of
+from munkey_core.run.loaded import ClassifierRun
+from munkey_core.training.classifier import train_classifier_run
 from munkey_core.errors import MunkeyError
 from munkey_core.data.sampling import random_ids
 from munkey_core.unlearn.posthoc import METHODS, run_posthoc

@@ -7,9 +7,15 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from _helpers import deleted_byte_patterns, files_holding
 from munkey_core.cli import main
+from munkey_core.errors import MunkeyError
+from munkey_core.forget.evidence import own_keys, retrieval_evidence
+from munkey_core.run.lock import RunLock
 from munkey_core.run.rows import load_bank
+from munkey_core.service import MunkeyRun
 
 
 def test_deleted_vectors_occur_in_no_file_of_the_run(tiny_run: Path, capsys) -> None:
@@ -40,3 +46,26 @@ def test_deleted_vectors_occur_in_no_file_of_the_run(tiny_run: Path, capsys) -> 
     assert con.execute("SELECT count(*) FROM audit_log").fetchone()[0] == 3
     con.close()
     assert sorted(json.loads((tiny_run / "forgotten.json").read_text())["ids"]) == sorted(victims)
+
+
+def test_retrieval_evidence_fails_for_samples_still_in_the_bank(tiny_run: Path) -> None:
+    """The receipt's check is not vacuous: samples that were never deleted are found everywhere."""
+    run = MunkeyRun(tiny_run, device="cpu")
+    ids = [int(i) for i in run.bank.ids[:3]]
+    ev = retrieval_evidence(run, ids, own_keys(run, ids))
+    assert not ev["passed"]
+    assert set(ev["own_key_search"]["retrieved"]) == set(ids) == set(ev["in_memory_bank"]) == set(ev["in_bank_file"])
+    assert ev["checkpoints_checked"] >= 1 and set(ev["in_checkpoints"]) and all(
+        set(found) == set(ids) for found in ev["in_checkpoints"].values())
+
+
+def test_retrieval_evidence_reads_the_files_between_deletions(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bank and checkpoint row files change in place during a deletion: the check waits for the
+    run lock (here it times out while another process, played by a second lock handle, holds it)."""
+    run = MunkeyRun(tiny_run, device="cpu")
+    ids = [int(run.bank.ids[0])]
+    monkeypatch.setenv("MUNKEY_LOCK_TIMEOUT", "0.2")
+    with RunLock(run.paths.root).hold(exclusive=True):
+        with pytest.raises(MunkeyError, match="too long"):
+            retrieval_evidence(run, ids, own_keys(run, ids))
+    assert not retrieval_evidence(run, ids, own_keys(run, ids))["passed"]

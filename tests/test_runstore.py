@@ -15,7 +15,8 @@ import torch
 from _helpers import deleted_byte_patterns, files_holding, forked
 from munkey_core.audit import log as audit
 from munkey_core.bank.store import BankStore
-from munkey_core.run.rows import (BANK_STORE, LEGACY_BANK, MIGRATION_CRASH_STEPS, STORE_FORMAT, checkpoint_ids_present,
+from munkey_core.run.paths import RunPaths
+from munkey_core.run.rows import (MIGRATION_CRASH_STEPS, STORE_FORMAT, checkpoint_ids_present,
                                   checkpoints, load_bank, load_checkpoint, purge_checkpoint_rows, rows_path,
                                   write_checkpoint)
 from munkey_core.service import MunkeyRun
@@ -25,8 +26,8 @@ VICTIMS = [5, 17, 300]
 
 def _to_format1(run: Path) -> Path:
     """Rewrite a run as the previous version wrote it: bank.npz, rows inside each epoch_NNN.pt."""
-    load_bank(run).save(run / LEGACY_BANK)
-    for p in (run / BANK_STORE, run / f"{BANK_STORE}.redo"):
+    load_bank(run).save(RunPaths(run).legacy_bank)
+    for p in (RunPaths(run).bank, run / f"{RunPaths(run).bank.name}.redo"):
         p.unlink(missing_ok=True)
     for ck in checkpoints(run / "checkpoints"):
         c = load_checkpoint(ck)
@@ -46,7 +47,7 @@ def _snapshot(run: Path) -> dict:
 
 
 def _is_format2(run: Path) -> None:
-    assert not (run / LEGACY_BANK).exists() and (run / BANK_STORE).exists()
+    assert not (RunPaths(run).legacy_bank).exists() and (RunPaths(run).bank).exists()
     assert json.loads((run / "config.json").read_text())["format"] == STORE_FORMAT
     for ck in checkpoints(run / "checkpoints"):
         assert rows_path(ck).exists()
@@ -54,7 +55,7 @@ def _is_format2(run: Path) -> None:
 
 
 def test_a_deletion_writes_the_row_files_in_place(tiny_run: Path) -> None:
-    files = [tiny_run / BANK_STORE] + [rows_path(ck) for ck in checkpoints(tiny_run / "checkpoints")]
+    files = [RunPaths(tiny_run).bank] + [rows_path(ck) for ck in checkpoints(tiny_run / "checkpoints")]
     assert len(files) > 2
     stat0 = {f: (f.stat().st_ino, f.stat().st_size) for f in files}
     pt0 = {ck: ck.stat().st_mtime_ns for ck in checkpoints(tiny_run / "checkpoints")}
@@ -77,9 +78,9 @@ def test_a_format1_run_is_migrated_on_open_and_then_deletes_in_place(tiny_run: P
     run = MunkeyRun(tiny_run, device="cpu")
     _is_format2(tiny_run)
     assert run.bank.fingerprint() == want["bank"] and _snapshot(tiny_run) == want
-    ino = (tiny_run / BANK_STORE).stat().st_ino
+    ino = (RunPaths(tiny_run).bank).stat().st_ino
     run.forget(VICTIMS, operator="t")
-    assert (tiny_run / BANK_STORE).stat().st_ino == ino
+    assert (RunPaths(tiny_run).bank).stat().st_ino == ino
     assert not files_holding(tiny_run, patterns)
     assert audit.verify_run(tiny_run).ok
 
@@ -190,7 +191,7 @@ def test_a_migration_that_fails_on_disk_is_a_clear_error_and_leaves_format1(tiny
     monkeypatch.setattr(runstore, "write_checkpoint", full)
     with pytest.raises(MunkeyError, match="free disk space"):
         MunkeyRun(tiny_run, device="cpu")
-    assert json.loads((tiny_run / "config.json").read_text())["format"] == 1 and (tiny_run / LEGACY_BANK).exists()
+    assert json.loads((tiny_run / "config.json").read_text())["format"] == 1 and (RunPaths(tiny_run).legacy_bank).exists()
     monkeypatch.undo()
     assert MunkeyRun(tiny_run, device="cpu").bank.fingerprint() == want["bank"] and _snapshot(tiny_run) == want
     _is_format2(tiny_run)
@@ -220,7 +221,7 @@ def test_a_run_this_process_may_not_write_opens_read_only(tiny_run: Path, monkey
     assert len(run.predict_prepared(ds.test.images[:4], run.split_keys("test")[:4]).labels) == 4
     assert {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()} == before
     monkeypatch.undo()
-    with BankStore(tiny_run / BANK_STORE) as store:  # a writer killed after its redo record
+    with BankStore(RunPaths(tiny_run).bank) as store:  # a writer killed after its redo record
         store._apply = lambda *a: None
         store._clear_redo = lambda: None
         store.delete([int(store.ids[0])])

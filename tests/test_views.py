@@ -90,26 +90,6 @@ def test_classify_ids(shared_run: MunkeyRun) -> None:
     assert groups == {"in_bank": in_bank, "already_deleted": [], "unknown": [10**9]}
 
 
-def test_retrieval_check_sees_samples_still_in_the_bank(shared_run: MunkeyRun) -> None:
-    ids = [int(i) for i in shared_run.bank.ids[:3]]
-    check = views.retrieval_check(shared_run, ids)
-    assert not check["ok"]
-    assert set(check["retrieved"]) == set(ids) == set(check["in_memory_bank"]) == set(check["in_bank_file"])
-
-
-def test_retrieval_check_reads_the_bank_file_between_deletions(shared_run: MunkeyRun,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bank file changes in place during a deletion: the check waits for the run lock (here it
-    times out while another process, played by a second lock handle, holds it exclusively)."""
-    from munkey_core.run.lock import RunLock
-
-    monkeypatch.setenv("MUNKEY_LOCK_TIMEOUT", "0.2")
-    with RunLock(shared_run.paths.root).hold(exclusive=True):
-        with pytest.raises(MunkeyError, match="too long"):
-            views.retrieval_check(shared_run, [int(shared_run.bank.ids[0])])
-    assert not views.retrieval_check(shared_run, [int(shared_run.bank.ids[0])])["ok"]
-
-
 def test_delete_and_measure_deletes_and_reports(tiny_run: Path) -> None:
     run = MunkeyRun(tiny_run, device="cpu")
     n0 = len(run.bank)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from munkey_core.bank.store import BankStore, _as_tensor
+from munkey_core.bank.store import BankStore, as_tensor
 from munkey_core.errors import MunkeyError
 
 
@@ -58,7 +58,7 @@ class IVFIndex:
         self._len = np.zeros(self.nlist, dtype=np.int64)
         assign = np.empty(len(store), dtype=np.int32)
         for start in range(0, len(store), chunk):
-            block = _as_tensor(store.keys[start:start + chunk])
+            block = as_tensor(store.keys[start:start + chunk])
             assign[start:start + len(block)] = (block @ self.centroids.T).argmax(1).numpy()
         order = np.argsort(assign, kind="stable")
         bounds = np.searchsorted(assign[order], np.arange(self.nlist + 1))

@@ -235,7 +235,7 @@ class BankStore:
         keys = self._mm["keys"]
         for start in range(0, n, _SEARCH_ROWS):
             stop = min(n, start + _SEARCH_ROWS)
-            block = _as_tensor(keys[start:stop])
+            block = as_tensor(keys[start:stop])
             scores = q @ block.T  # (Q, rows)
             if ex_rows is not None:
                 for j, rows in enumerate(ex_rows):
@@ -252,7 +252,7 @@ class BankStore:
 
     def gather_keys(self, rows: np.ndarray) -> torch.Tensor:
         """float32 keys of the given rows (a copy)."""
-        return _as_tensor(self._mm["keys"][np.asarray(rows)])
+        return as_tensor(self._mm["keys"][np.asarray(rows)])
 
     def to_bank(self) -> MemoryBank:
         """An in-memory MemoryBank copy (float32) with the same rows in the same order."""
@@ -503,7 +503,7 @@ def _row_bytes(meta: dict) -> int:
     return 16 + item * (meta["key_dim"] + meta["value_dim"] * (1 + len(meta["moments"])))
 
 
-def _as_tensor(a: np.ndarray) -> torch.Tensor:
+def as_tensor(a: np.ndarray) -> torch.Tensor:
     """float32 tensor from a (possibly read-only, possibly float16) array, copying only if needed."""
     if a.dtype != np.float32:
         return torch.from_numpy(a.astype(np.float32))

@@ -6,6 +6,9 @@ time so that a 1M-row bank is built in bounded memory.
 
 from __future__ import annotations
 
+import math
+import statistics
+
 KEY_DIM, VALUE_DIM, CENTRES, CHUNK = 1280, 128, 1000, 50_000
 
 
@@ -35,3 +38,13 @@ def chunks(n: int, seed: int, start_id: int = 0):
         keys += rng.standard_normal((m, KEY_DIM), dtype=np.float32) * np.float32(0.6 / KEY_DIM ** 0.5)
         keys /= np.linalg.norm(keys, axis=1, keepdims=True)
         yield np.arange(start_id + lo, start_id + lo + m, dtype=np.int64), keys
+
+
+def mean_sd(values: list[float]) -> str:
+    """"mean ± sd" of the defined values, 2 decimals ("-" when none, the value alone when one)."""
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    if not vals:
+        return "-"
+    if len(vals) == 1:
+        return f"{vals[0]:.2f}"
+    return f"{statistics.mean(vals):.2f} ± {statistics.stdev(vals):.2f}"

@@ -16,9 +16,10 @@ from typing import Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from munkey_core.bench.unact_run import _mean_sd
+from munkey_core.bench._common import mean_sd
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_json, read_json
+from munkey_core.run.paths import RunPaths
 
 COLUMNS = ("rate", "seed", "method", "oracle", "TA", "RA", "FA", "MIA", "TPR@1%", "TPR@0.1%", "AvgGap", "seconds",
            "MIA_attack", "epoch", "train_seed")
@@ -130,11 +131,12 @@ class FidelityBench:
         """(MUNKEY run, ViT classifier run or None when no post-hoc method is asked for) of this seed,
         trained when missing."""
         from munkey_core.keys import encoders as keys
-        from munkey_core.run.classifier import ClassifierRun, train_classifier_run
+        from munkey_core.run.loaded import ClassifierRun
+        from munkey_core.training.classifier import train_classifier_run
         from munkey_core.service import MunkeyRun, train_run
 
         a, root = self.args, self.work / f"seed_{seed}"
-        if not (root / "munkey" / "config.json").exists():
+        if not RunPaths(root / "munkey").config.exists():
             train_run(a.dataset, root / "munkey", profile=a.profile, encoder=a.encoder or keys.DEFAULT_ENCODER,
                       data_root=a.data_root, device=a.device, overrides=self._munkey_overrides(seed), progress=True)
             self.trained += 1
@@ -144,7 +146,7 @@ class FidelityBench:
                               f"{self.inject_at}; use another --work or delete that folder.")
         if not self.methods:
             return mrun, None
-        if not (root / "vit" / "config.json").exists():
+        if not RunPaths(root / "vit").config.exists():
             train_classifier_run(a.dataset, root / "vit", arch="vit", profile=a.profile, data_root=a.data_root,
                                  device=a.device, overrides=self._overrides(seed), progress=True)
             self.trained += 1
@@ -275,7 +277,7 @@ class FidelityBench:
         training seeds, against the oracle), the undeleted model (positive control) and the unlearning
         methods (MUNKEY key deletion; the post-hoc methods on the ViT)."""
         from munkey_core.eval.oracles import classifier_scorer, eval_sets, floor_seeds, measure, munkey_scorer
-        from munkey_core.run.classifier import ClassifierRun
+        from munkey_core.run.loaded import ClassifierRun
         from munkey_core.service import MunkeyRun
         from munkey_core.data.sampling import random_ids
         from munkey_core.unlearn.posthoc import run_posthoc
@@ -374,12 +376,12 @@ class FidelityBench:
             methods = list(dict.fromkeys(r["method"] for r in here))
             for m in methods:
                 sel = [r for r in here if r["method"] == m]
-                cells = [_mean_sd([r[c] for r in sel]) for c in TABLE]
-                per_seed = ", ".join(f"s{sd}: {_mean_sd([r['AvgGap'] for r in sel if r['seed'] == sd])}"
+                cells = [mean_sd([r[c] for r in sel]) for c in TABLE]
+                per_seed = ", ".join(f"s{sd}: {mean_sd([r['AvgGap'] for r in sel if r['seed'] == sd])}"
                                      for sd in dict.fromkeys(r["seed"] for r in sel))
                 lines.append(f"| {m} | {sel[0]['oracle']} | " + " | ".join(cells)
-                             + f" | {_mean_sd(floors[sel[0]['oracle']])} | {per_seed} | "
-                             + _mean_sd([r["seconds"] for r in sel]) + " |")
+                             + f" | {mean_sd(floors[sel[0]['oracle']])} | {per_seed} | "
+                             + mean_sd([r["seconds"] for r in sel]) + " |")
             for o, name in (("M", "MUNKEY (key deletion"), ("T", None)):
                 if not floors[o]:
                     continue
@@ -395,9 +397,9 @@ class FidelityBench:
             if audited:
                 lines += ["", "MUNKEY's forgetting as the product does it (an audited, durable `munkey forget` "
                           "request on a copy of the run: journal, bank and checkpoints purged on disk, audit entry, "
-                          f"receipt; no evaluation): {_mean_sd([v['request_seconds'] for v in audited])} s per "
+                          f"receipt; no evaluation): {mean_sd([v['request_seconds'] for v in audited])} s per "
                           f"request of {audited[0]['deleted']} ids, of which the deletion proper (commit point to "
-                          f"bank saved) {_mean_sd([v['deletion_seconds'] for v in audited])} s."]
+                          f"bank saved) {mean_sd([v['deletion_seconds'] for v in audited])} s."]
             if chosen:
                 lines += ["", f"Selected checkpoints (Ps <= {a.max_ps:g}, lowest Avg Gap on a validation forget split "
                           f"of {a.val_rate:g}): " + ", ".join(chosen) + "."]

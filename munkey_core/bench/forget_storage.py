@@ -2,9 +2,9 @@
 on synthetic run directories, format 1 (bank.npz and the exemplar rows inside each checkpoint, all
 rewritten per request) against format 2 (row files purged in place; runstore.py), in the same run.
 
-Timed: `deletion.apply_journal`, the product's own step after the commit point (forgotten.json,
-every checkpoint, the bank in memory and on disk), called on a stand-in run object that holds only
-what that step reads. Not timed: validation, fingerprints, evidence, the audit entry and the receipt
+Timed: `forget.request.apply_journal`, the product's own step after the commit point (forgotten.json,
+every checkpoint, the bank in memory and on disk), called on a `run.loaded.DeletionTarget` that holds
+only what that step reads (a set of ids for the bank: a 1M-row run does not fit in memory here). Not timed: validation, fingerprints, evidence, the audit entry and the receipt
 (the same in both formats). Bytes written are the kernel's count for this process (/proc/self/io,
 `wchar`: bytes handed to write/pwrite).
 Run directory: N rows of 1280-d keys, 128-d exemplars and two AdamW moment rows (float32) and
@@ -26,21 +26,30 @@ from typing import Callable
 
 import numpy as np
 
+from munkey_core.atomic import atomic_torch_save, atomic_write_json
 from munkey_core.bench._common import KEY_DIM, VALUE_DIM, chunks, table
+from munkey_core.run.paths import RunPaths
+from munkey_core.run.rows import bank_ids, checkpoint_ids_present, delete_bank_rows, rows_path
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 @dataclass
 class _Run:
-    """What `deletion.apply_journal` touches of a MunkeyRun: paths, the bank's membership, forgotten."""
+    """A `DeletionTarget` (run/loaded.py) on a synthetic run directory: the bank is a set of ids and
+    `apply` removes ids from the bank file (the way of the format measured)."""
 
-    paths: object
+    paths: RunPaths
     bank: set
     apply: Callable[[list[int]], None]
     forgotten: dict = field(default_factory=lambda: {"ids": [], "requests": []})
 
-    def _apply_deletion(self, ids: list[int]) -> None:
+    def write_forgotten(self, forgotten: dict) -> None:
+        atomic_write_json(self.paths.forgotten, forgotten)
+        self.forgotten = forgotten
+
+    def apply_deletion(self, ids: list[int]) -> None:
+        self.bank.difference_update(ids)
         self.apply(ids)
 
 
@@ -70,22 +79,21 @@ def _written() -> int:
     return -1
 
 
-def _base(root: Path) -> None:
-    from munkey_core.atomic import atomic_write_json
-
-    (root / "checkpoints").mkdir(parents=True, exist_ok=True)
-    atomic_write_json(root / "forgotten.json", {"ids": [], "requests": []})
+def _base(root: Path) -> RunPaths:
+    paths = RunPaths(root)
+    paths.checkpoints.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(paths.forgotten, {"ids": [], "requests": []})
+    return paths
 
 
 def build_format2(root: Path, n: int, seed: int, checkpoints: int, weights: dict) -> None:
     """A format-2 run directory's row files, written in chunks (bounded memory)."""
     from munkey_core.bank.store import BankStore
-    from munkey_core.atomic import atomic_torch_save
 
-    _base(root)
-    bank = BankStore.create(root / "bank.store", capacity=n, key_dim=KEY_DIM, value_dim=VALUE_DIM,
+    paths = _base(root)
+    bank = BankStore.create(paths.bank, capacity=n, key_dim=KEY_DIM, value_dim=VALUE_DIM,
                             moment_names=MOMENTS)
-    cks = [BankStore.create(root / "checkpoints" / f"epoch_{e:03d}.rows", capacity=n, key_dim=0,
+    cks = [BankStore.create(rows_path(paths.checkpoint(e)), capacity=n, key_dim=0,
                             value_dim=VALUE_DIM) for e in range(1, checkpoints + 1)]
     for ids, keys in chunks(n, seed):
         v = _values(ids)
@@ -95,7 +103,7 @@ def build_format2(root: Path, n: int, seed: int, checkpoints: int, weights: dict
     for s in (bank, *cks):
         s.close()
     for e in range(1, checkpoints + 1):
-        atomic_torch_save(root / "checkpoints" / f"epoch_{e:03d}.pt", {"epoch": e, "record": {}, "model": weights})
+        atomic_torch_save(paths.checkpoint(e), {"epoch": e, "record": {}, "model": weights})
 
 
 def build_format1(root: Path, n: int, seed: int, checkpoints: int, weights: dict):
@@ -103,9 +111,8 @@ def build_format1(root: Path, n: int, seed: int, checkpoints: int, weights: dict
     import torch
 
     from munkey_core.bank.memory import MemoryBank
-    from munkey_core.atomic import atomic_torch_save
 
-    _base(root)
+    paths = _base(root)
     parts = list(chunks(n, seed))
     ids = np.concatenate([i for i, _ in parts])
     keys = np.concatenate([k for _, k in parts])
@@ -113,9 +120,9 @@ def build_format1(root: Path, n: int, seed: int, checkpoints: int, weights: dict
     v = np.concatenate([_values(ids[lo:lo + 50_000]) for lo in range(0, n, 50_000)])
     bank = MemoryBank(ids, ids % 10, keys, v, {"exp_avg": v * np.float32(0.1), "exp_avg_sq": v * v})
     del keys
-    bank.save(root / "bank.npz")
+    bank.save(paths.legacy_bank)
     for e in range(1, checkpoints + 1):
-        atomic_torch_save(root / "checkpoints" / f"epoch_{e:03d}.pt",
+        atomic_torch_save(paths.checkpoint(e),
                           {"epoch": e, "record": {}, "model": weights, "ids": torch.from_numpy(ids.copy()),
                            "values": torch.from_numpy(v * np.float32(e / checkpoints))})
     return bank
@@ -137,9 +144,7 @@ def _requests(run: _Run, requests: list[list[int]]) -> tuple[list[float], list[i
 
 
 def _purged(root: Path, ids: list[int]) -> bool:
-    from munkey_core.run.rows import bank_ids, checkpoint_ids_present
-
-    return not (set(ids) & set(bank_ids(root).tolist())) and not checkpoint_ids_present(root / "checkpoints", ids)[0]
+    return not (set(ids) & set(bank_ids(root).tolist())) and not checkpoint_ids_present(RunPaths(root).checkpoints, ids)[0]
 
 
 def _dir_bytes(root: Path) -> int:
@@ -149,9 +154,6 @@ def _dir_bytes(root: Path) -> int:
 def bench_forget(sizes: list[int], quick: bool, seed: int, workdir: Path, *, checkpoints: int = 10,
                  legacy_max: int = 100_000) -> list[str]:
     """One table: per bank size, a 1-id and a 1,000-id request in each format (see module docstring)."""
-    from munkey_core.run.paths import RunPaths
-    from munkey_core.run.rows import delete_bank_rows
-
     weights = _weights()
     weight_mib = sum(t.numel() * t.element_size() for t in weights.values()) / 2**20
     rng = np.random.default_rng(seed + 11)
@@ -166,9 +168,8 @@ def bench_forget(sizes: list[int], quick: bool, seed: int, workdir: Path, *, che
         size2 = _dir_bytes(new_root)
         live = set(range(n))
 
-        def apply_new(ids: list[int], root: Path = new_root, live: set = live) -> None:
-            live.difference_update(ids)  # the in-memory bank (MemoryBank.delete: O(1) per id)
-            delete_bank_rows(root / "bank.store", ids)
+        def apply_new(ids: list[int], root: Path = new_root) -> None:
+            delete_bank_rows(RunPaths(root).bank, ids)  # the in-memory bank: the set (MemoryBank.delete: O(1) per id)
 
         t_new, w_new = _requests(_Run(RunPaths(new_root), live, apply_new), requests)
         ok_new = _purged(new_root, victims)
@@ -180,9 +181,9 @@ def bench_forget(sizes: list[int], quick: bool, seed: int, workdir: Path, *, che
             bank = build_format1(old_root, n, seed, checkpoints, weights)
 
             def apply_old(ids: list[int], root: Path = old_root, bank=bank) -> None:
-                bank.delete(ids)  # what MunkeyRun._apply_deletion did in format 1
+                bank.delete(ids)  # what a run's apply_deletion did in format 1
                 bank.compact()
-                bank.save(root / "bank.npz")
+                bank.save(RunPaths(root).legacy_bank)
 
             t_old, w_old = _requests(_Run(RunPaths(old_root), set(range(n)), apply_old), requests)
             ok_old = _purged(old_root, victims)

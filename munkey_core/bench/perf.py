@@ -27,6 +27,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from munkey_core.bench._common import KEY_DIM, VALUE_DIM, chunks, table
@@ -228,14 +229,13 @@ def bench_inference(quick: bool, seed: int) -> list[str]:
     import torch
 
     from munkey_core.config import PROFILES
-    from munkey_core.model.late import LateInjectionViT
     from munkey_core.model.munkey_vit import MunkeyViT
 
     torch.manual_seed(seed)
     cfg = PROFILES["cpu"].model
     b = 256
     plain, munkey = _plain_vit(cfg).eval(), MunkeyViT(cfg).eval()
-    lates = {L: LateInjectionViT(cfg, L).eval() for L in (cfg.depth // 2, cfg.depth - 1)}
+    lates = {L: MunkeyViT(replace(cfg, inject_at=L)).eval() for L in (cfg.depth // 2, cfg.depth - 1)}
     x = torch.randn(b, cfg.in_chans, cfg.img_size, cfg.img_size)
     reps = 3 if quick else 5
     rows = []
@@ -331,7 +331,7 @@ def bench_training(quick: bool, seed: int) -> list[str]:
     data = _train_data(n, seed)
     bank = MemoryBank.create(data.ids, data.labels, data.keys, model_cfg.exemplar_dim)
     t = time.perf_counter()
-    neighbourtable(bank, cfg.k_train, cfg.tau)
+    neighbour_table(bank, cfg.k_train, cfg.tau)
     table_s = time.perf_counter() - t
     plain, munkey = [], []
     for _ in range(1 if quick else 2):  # alternate, drop each run's first (warm-up) epoch

@@ -101,7 +101,7 @@ class UliraBench:
         post-hoc method unlearned the targets it trained on (its retain set: the other rows)."""
         from munkey_core.config import resolve_device
         from munkey_core.eval.mia import classifier_probs
-        from munkey_core.run.classifier import classifier_recipe, train_classifier
+        from munkey_core.training.classifier import classifier_recipe, train_classifier
         from munkey_core.model.munkey_vit import preprocess_images
         from munkey_core.unlearn.posthoc import run_posthoc
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import statistics
 import time
 from dataclasses import replace
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from munkey_core.bench._common import mean_sd
 from munkey_core.unlearn.classforget import ClassEditor, ClassRequest, class_metrics
 from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, dampen, importance, reference_order
@@ -43,15 +43,6 @@ def _shots(text: str) -> list[int]:
         if t:
             out.append(0 if t == "all" else _ints(t)[0])
     return out
-
-
-def _mean_sd(values: list[float]) -> str:
-    vals = [v for v in values if v is not None and not math.isnan(v)]
-    if not vals:
-        return "-"
-    if len(vals) == 1:
-        return f"{vals[0]:.2f}"
-    return f"{statistics.mean(vals):.2f} ± {statistics.stdev(vals):.2f}"
 
 
 class UnactBench:
@@ -266,7 +257,7 @@ class UnactBench:
         self.lines += [f"### {title}", "", "| model | method | n | Af | Ar | Af* | Ar* | Delta (classes with an oracle) | "
                        "s / request | SSD cold s | % params dampened |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for (model, method, n), rs in groups.items():
-            col = lambda k: _mean_sd([r.get(k) for r in rs])  # noqa: E731
+            col = lambda k: mean_sd([r.get(k) for r in rs])  # noqa: E731
             with_oracle = sum(r.get("Delta") is not None for r in rs)
             self.lines.append(f"| {model} | {method} | {n} | {col('Af')} | {col('Ar')} | {col('Af_oracle')} | "
                               f"{col('Ar_oracle')} | {col('Delta')} ({with_oracle}) | {col('seconds')} | "

@@ -93,17 +93,16 @@ def cls_features(run: MunkeyRun, images: np.ndarray, keys: np.ndarray, *, k: int
     """[CLS] features (N, D) of dataset-shaped uint8 images with known keys, as prediction sees them:
     the ensemble-weighted mean over the K retrieved neighbours' forwards (K from the run's config)."""
     k = int(k or run.train_cfg.k)
-    model, bank, device = run.model, run.bank, run.device
+    model, device = run.model, run.device
     out = []
     for start in range(0, len(images), batch_size):
         x = preprocess_images(torch.from_numpy(np.ascontiguousarray(images[start:start + batch_size])).to(device),
                               run.model_cfg.img_size)
         q = torch.as_tensor(keys[start:start + batch_size], dtype=torch.float32)
-        with run.lock:  # a deletion must not reshuffle bank rows between search and lookup
-            sims, rows = bank.search(q, k)
-            v = bank.values.to(device)[rows.to(device)]  # (B, K, Dv)
-            w = neighbour_weights(sims.to(device), run.train_cfg.tau, "ensemble")  # (B, K)
-            feats = model.forward_multi(x, v, pre_logits=True)  # (B, K, D)
+        hits = run.search(q, k, values=True)  # rows read under the run's lock: a deletion cannot move them
+        v = hits.values.to(device)  # (B, K, Dv)
+        w = neighbour_weights(hits.similarities.to(device), run.train_cfg.tau, "ensemble")  # (B, K)
+        feats = model.forward_multi(x, v, pre_logits=True)  # (B, K, D)
         out.append((w[..., None] * feats).sum(dim=1).float().cpu().numpy())
         if progress is not None:
             progress("[CLS] features", min(1.0, (start + batch_size) / len(images)))
@@ -112,9 +111,7 @@ def cls_features(run: MunkeyRun, images: np.ndarray, keys: np.ndarray, *, k: int
 
 def exemplar_vectors(run: MunkeyRun, ids: Sequence[int]) -> np.ndarray:
     """The bank's exemplar vectors (N, Dv) of `ids`, all of which must be in the bank."""
-    with run.lock:
-        rows = run.bank.rows_of(ids)
-        return run.bank.values[torch.as_tensor(rows)].float().cpu().numpy()
+    return run.exemplars(ids)
 
 
 def umap_2d(x: np.ndarray, params: MapParams, metric: str = "euclidean") -> np.ndarray:

@@ -5,7 +5,8 @@ this module or from `service.MunkeyRun`:
 
 - evidence: `predict_test_sample`, `evidence_rows`, `training_images`, `display_image`
 - selection for deletion: `ids_from_bytes`, `similar_training_samples`, `classify_ids`
-- deletion with before/after metrics: `delete_and_measure`, `retrieval_check`, `metrics_table`
+- deletion with before/after metrics: `delete_and_measure` (its retrieval check is the receipt's,
+  forget/evidence.py), `metrics_table`
 - charts: `deletion_requests`, `latest_metrics` (the audit log's views are in auditviews.py)
 - the operator check: `check_credential`
 - training the demo run off the UI thread: `TrainingJob`
@@ -24,7 +25,6 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -32,16 +32,11 @@ import numpy as np
 
 from munkey_core.errors import MunkeyError
 from munkey_core.dashboard.jobs import BackgroundJob, ProgressJob
-from munkey_core.run.rows import bank_ids
 from munkey_core.model.predict import Predictions
 from munkey_core.service import MunkeyRun, Progress, train_run
 from munkey_core.forget.ids import ids_from_bytes  # noqa: F401  (re-exported for the pages)
 
 METRIC_NAMES = ("TA", "RA", "FA", "MIA", "Ps")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 # --------------------------------------------------------------------------- images
@@ -121,11 +116,8 @@ def similar_training_samples(run: MunkeyRun, images: Sequence[np.ndarray], n: in
         raise MunkeyError(f"The number of similar samples must be at least 1 (got {n}).")
     batch = run.prepare_images(images)
     keys = run.encoder.encode(batch)
-    with run.lock:
-        sims, rows = run.bank.search(keys, n)
-        ids = run.bank.ids[rows.cpu().numpy()]
-        labels = run.bank.labels[rows.cpu().numpy()]
-    sims = sims.cpu().numpy()
+    hits = run.search(keys, n)
+    sims, ids, labels = hits.similarities.cpu().numpy(), hits.ids, hits.labels
     best: dict[int, dict] = {}
     for q in range(len(ids)):
         for j in range(ids.shape[1]):
@@ -224,33 +216,6 @@ def latest_metrics(run: MunkeyRun, *, current_only: bool = False) -> dict | None
     if current_only and (last.get("bank_size") != len(run.bank) or last.get("deleted") != len(run.forgotten_ids)):
         return None
     return last
-
-
-def retrieval_check(run: MunkeyRun, ids: Sequence[int], k: int | None = None) -> dict:
-    """Evidence that deleted samples no longer influence predictions: search the current bank with
-    the deleted samples' own keys (re-encoded from their images) and report any of them retrieved;
-    also check that none is in the in-memory bank or in the bank file on disk."""
-    ids = [int(i) for i in dict.fromkeys(ids)]
-    k = int(k or max(run.train_cfg.k, 10))
-    result = {"ids_checked": len(ids), "k": k, "retrieved": [], "in_memory_bank": [], "in_bank_file": [],
-              "ok": True}
-    if not ids:
-        return result
-    keys = run.encoder.encode(training_images(run, ids))
-    # the bank file changes in place: read it under the run lock, between deletions (not during one)
-    with run.lock, run.runlock.hold(exclusive=False):
-        in_memory = [i for i in ids if i in run.bank]
-        if len(run.bank):
-            _, rows = run.bank.search(keys, k)
-            found = set(int(x) for x in run.bank.ids[rows.cpu().numpy()].ravel())
-        else:
-            found = set()
-        on_disk = set(int(x) for x in bank_ids(run.paths.root))
-    result["retrieved"] = sorted(found & set(ids))
-    result["in_memory_bank"] = in_memory
-    result["in_bank_file"] = sorted(on_disk & set(ids))
-    result["ok"] = not (result["retrieved"] or result["in_memory_bank"] or result["in_bank_file"])
-    return result
 
 
 def delete_and_measure(run: MunkeyRun, ids: Sequence[int], *, operator: str, subject: str | None = None,
@@ -369,12 +334,6 @@ class TrainingJob(BackgroundJob):
             rec = self.last_record or {}
             acc = rec.get("val_acc")
             return f"epoch {self.epoch}/{self.epochs}" + (f", validation accuracy {acc:.1f}%" if acc is not None else "")
-        return self.state
-
-    def wait(self, timeout: float | None = None) -> str:
-        """Block until the thread ends (or `timeout`); returns the state."""
-        if self._thread is not None:
-            self._thread.join(timeout)
         return self.state
 
 

@@ -97,7 +97,7 @@ def rmia_auc(forget_p: np.ndarray, forget_ref_p: np.ndarray, forget_ref_member: 
 
 def classifier_probs(model, images: np.ndarray, img_size: int) -> np.ndarray:
     """Softmax probabilities (N, C) of a plain classifier on uint8 images (N, H, W, C)."""
-    from munkey_core.run.classifier import logits_of
+    from munkey_core.model.classifiers import logits_of
 
     logits = logits_of(model, images, img_size).astype(np.float64)
     e = np.exp(logits - logits.max(axis=1, keepdims=True))

@@ -34,6 +34,9 @@ from munkey_core.errors import MunkeyError
 from munkey_core.eval.metrics import GAP_KEYS, LOW_FPRS, MIA_CHEAP, accuracy, avg_gap, tpr_key
 from munkey_core.eval.mia import MIA_STRONG, ReferenceModels, Scorer, StrongAttack, cheap_attack, half_splits
 from munkey_core.atomic import atomic_write_json, read_json
+from munkey_core.run.loaded import ClassifierRun, LoadedMunkeyRun
+from munkey_core.run.paths import RunPaths
+from munkey_core.training.runs import retrain
 
 ORACLE_DIR = "oracles"
 KINDS = ("munkey", "vit")
@@ -66,12 +69,6 @@ def data_seed_of(config: dict) -> int:
     return from_dict(TrainConfig, config["train"]).data_seed
 
 
-def recipe_overrides(config: dict) -> dict:
-    """A run's full recipe (training options and backbone sizes) as overrides for retraining it."""
-    model = config.get("model") or {k: v for k, v in config.get("classifier", {}).items() if k != "arch"}
-    return {**config["train"], **model}
-
-
 def train_oracle(config: dict, run_root: str | Path, forget_ids: Sequence[int], kind: str, *,
                  train_seed: int | None = None, device: str = "auto", progress: bool = True) -> tuple[Path, bool]:
     """Retrain `config`'s recipe without `forget_ids` as a MUNKEY or a plain ViT; (path, trained now).
@@ -79,28 +76,16 @@ def train_oracle(config: dict, run_root: str | Path, forget_ids: Sequence[int], 
     `train_seed`: retrain with that training seed on the run's own data split (a noise-floor oracle).
     An existing oracle for the same forget set (and seed) is reused (trained now = False)."""
     path = oracle_path(run_root, forget_ids, kind, train_seed)
-    if (path / "config.json").exists():
+    if RunPaths(path).config.exists():
         return path, False
     ids = sorted(int(i) for i in forget_ids)
     if not ids:
         raise MunkeyError("The forget set is empty: there is nothing to retrain without.")
-    over = recipe_overrides(config)
-    if train_seed is not None:
-        over = {**over, "seed": int(train_seed), "split_seed": data_seed_of(config)}
-    if kind == "munkey":
-        from munkey_core.service import train_run
-
-        if "encoder" not in config:
-            raise MunkeyError("An M-oracle needs a MUNKEY run (its key encoder); this is a classifier run.")
-        train_run(config["dataset"], path, profile=config["profile"], encoder=config["encoder"]["name"],
-                  data_root=config.get("data_root"), device=device, overrides=over, progress=progress,
-                  exclude_ids=ids, keep_checkpoints=1)
-    else:
-        from munkey_core.run.classifier import train_classifier_run
-
-        train_classifier_run(config["dataset"], path, arch="vit", profile=config["profile"],
-                             data_root=config.get("data_root"), device=device, overrides=over, progress=progress,
-                             exclude_ids=ids)
+    seed_over = None if train_seed is None else {"seed": int(train_seed), "split_seed": data_seed_of(config)}
+    if kind == "munkey" and "encoder" not in config:
+        raise MunkeyError("An M-oracle needs a MUNKEY run (its key encoder); this is a classifier run.")
+    retrain(config, path, arch=None if kind == "munkey" else "vit", exclude_ids=ids, extra_overrides=seed_over,
+            device=device, progress=progress)
     atomic_write_json(path / "forget_set.json", {"tag": forget_tag(ids), "size": len(ids)})
     return path, True
 
@@ -205,26 +190,15 @@ def train_reference_models(config: dict, folder: str | Path, *, family: str, n_r
         raise MunkeyError(f"{folder} holds {len(info['halves'])} {info.get('family')} reference models, not {n_refs} "
                           f"{family}; delete it or ask for that many.")
     train_ids = np.asarray(info["train_ids"], dtype=np.int64)
-    base = recipe_overrides(config)
     scorers, members = [], []
     for i, half in enumerate(info["halves"]):
         member = np.asarray(half, dtype=np.int64)
         path = folder / f"ref_{i}"
-        over = {**base, "seed": int(seed) + 100 + i, "split_seed": data_seed_of(config)}
-        if not (path / "config.json").exists():
+        over = {"seed": int(seed) + 100 + i, "split_seed": data_seed_of(config)}
+        if not RunPaths(path).config.exists():
             leave_out = np.setdiff1d(train_ids, member).tolist()
-            if family == "munkey":
-                from munkey_core.service import train_run
-
-                train_run(config["dataset"], path, profile=config["profile"], encoder=config["encoder"]["name"],
-                          data_root=config.get("data_root"), device=device, overrides=over, progress=progress,
-                          exclude_ids=leave_out, keep_checkpoints=1)
-            else:
-                from munkey_core.run.classifier import train_classifier_run
-
-                train_classifier_run(config["dataset"], path, arch="vit", profile=config["profile"],
-                                     data_root=config.get("data_root"), device=device, overrides=over,
-                                     progress=progress, exclude_ids=leave_out)
+            retrain(config, path, arch=None if family == "munkey" else "vit", exclude_ids=leave_out,
+                    extra_overrides=over, device=device, progress=progress)
             if on_trained is not None:
                 on_trained()
         scorers.append(_reference_scorer(path, family, device))
@@ -235,12 +209,8 @@ def train_reference_models(config: dict, folder: str | Path, *, family: str, n_r
 def _reference_scorer(path: Path, family: str, device: str) -> Scorer:
     """The Scorer of a trained reference run (MUNKEY: its own bank; retrieval with the cached keys)."""
     if family == "munkey":
-        from munkey_core.service import MunkeyRun
-
-        run = MunkeyRun(path, device=device)
+        run = LoadedMunkeyRun(path, device=device)
         return munkey_scorer(run.model, run.bank, run.dataset, run.split_keys, run.train_cfg.k, run.train_cfg.tau)
-    from munkey_core.run.classifier import ClassifierRun
-
     run = ClassifierRun(path, device=device)
     return classifier_scorer(run.model, run.dataset, run.cfg.img_size)
 
@@ -268,7 +238,7 @@ def evaluate_against_oracle(run, *, max_samples: int = 2000, seed: int = 0, trai
                           "an oracle. Delete samples first ('munkey forget RUN --ids ...').")
     seeds = floor_seeds(run.train_cfg.seed, noise_floor)
     missing = [p for p in [oracle_path(run.paths.root, forget_ids, "munkey")]
-               + [oracle_path(run.paths.root, forget_ids, "munkey", s) for s in seeds] if not (p / "config.json").exists()]
+               + [oracle_path(run.paths.root, forget_ids, "munkey", s) for s in seeds] if not RunPaths(p).config.exists()]
     if missing and not train_missing:
         raise MunkeyError(f"No M-oracle for the current forget set yet ({missing[0]}); run 'munkey evaluate RUN "
                           "--oracle' to train it (the run's recipe, minutes on the CPU profile).")
@@ -282,9 +252,7 @@ def evaluate_against_oracle(run, *, max_samples: int = 2000, seed: int = 0, trai
 
     def scorer_of(p: Path) -> Callable[[], Scorer]:
         def make() -> Scorer:
-            from munkey_core.service import MunkeyRun
-
-            orun = MunkeyRun(p, device=str(run.device))
+            orun = LoadedMunkeyRun(p, device=str(run.device))
             return munkey_scorer(orun.model, orun.bank, ds, run.split_keys, cfg.k, cfg.tau)
         return make
 

@@ -21,7 +21,7 @@ import copy
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import torch
@@ -32,9 +32,11 @@ from munkey_core.bank.memory import MemoryBank
 from munkey_core.eval.metrics import MIA_CHEAP, accuracy, pathway_sensitivity
 from munkey_core.eval.oracles import eval_sets, forget_tag, gaps, measure, munkey_scorer, oracle_path, train_oracle
 from munkey_core.atomic import atomic_torch_save, atomic_write_json, read_json
-
-if TYPE_CHECKING:
-    from munkey_core.service import MunkeyRun
+from munkey_core.data.sampling import random_ids
+from munkey_core.model.munkey_vit import preprocess_images
+from munkey_core.model.predict import predict
+from munkey_core.run.loaded import LoadedMunkeyRun
+from munkey_core.run.paths import RunPaths
 
 MAX_PS = 0.3
 Progress = Callable[[str, float], None]
@@ -91,12 +93,12 @@ class _ValidationView:
         return self.test if name == "test" else self.train
 
 
-def checkpoint_files(run: "MunkeyRun") -> list[Path]:
+def checkpoint_files(run: LoadedMunkeyRun) -> list[Path]:
     """The run's per-epoch checkpoint files, oldest first."""
     return runstore.checkpoints(run.paths.checkpoints)
 
 
-def checkpoint_state(run: "MunkeyRun", path: Path) -> tuple[torch.nn.Module, MemoryBank, int]:
+def checkpoint_state(run: LoadedMunkeyRun, path: Path) -> tuple[torch.nn.Module, MemoryBank, int]:
     """(model, bank, epoch) as they were at a checkpoint: its weights and exemplar vectors with the
     run's keys and labels (a checkpoint holds exactly the ids still in the bank)."""
     ckpt = runstore.load_checkpoint(path)  # weights from the .pt, exemplar rows from its row file
@@ -112,9 +114,7 @@ def checkpoint_state(run: "MunkeyRun", path: Path) -> tuple[torch.nn.Module, Mem
     return model, bank, int(ckpt["epoch"])
 
 
-def _val_forget_ids(run: "MunkeyRun", val_rate: float, seed: int) -> list[int]:
-    from munkey_core.data.sampling import random_ids
-
+def _val_forget_ids(run: LoadedMunkeyRun, val_rate: float, seed: int) -> list[int]:
     if not 0.0 < val_rate < 0.5:
         raise MunkeyError(f"--val-rate must be between 0 and 0.5 (exclusive), got {val_rate}.")
     return random_ids(run.bank.ids, val_rate, seed + 7919)  # never the same draw as a seed-s forget set
@@ -122,9 +122,6 @@ def _val_forget_ids(run: "MunkeyRun", val_rate: float, seed: int) -> list[int]:
 
 def _pathways(model, bank, view, split_keys, sets, k: int, tau: float) -> tuple[float, float, float]:
     """Accuracy (percent) on the validation rows with the image pathway alone, the token alone, both."""
-    from munkey_core.model.munkey_vit import preprocess_images
-    from munkey_core.model.predict import predict
-
     index = sets.test
     x = preprocess_images(torch.from_numpy(np.ascontiguousarray(view.test.images[index])), model.cfg.img_size)
     keys, y = split_keys("test")[index], view.test.labels[index]
@@ -133,7 +130,7 @@ def _pathways(model, bank, view, split_keys, sets, k: int, tau: float) -> tuple[
     return acc["image"], acc["token"], acc["both"]
 
 
-def select_checkpoint(run: "MunkeyRun", *, val_rate: float = 0.05, seed: int = 0, max_ps: float = MAX_PS,
+def select_checkpoint(run: LoadedMunkeyRun, *, val_rate: float = 0.05, seed: int = 0, max_ps: float = MAX_PS,
                       max_samples: int = 1000, train_missing: bool = True, progress: Progress | None = None,
                       oracle_progress: bool = True) -> Selection:
     """Score every per-epoch checkpoint of `run` on a validation forget split; pick the lowest Avg Gap
@@ -148,7 +145,7 @@ def select_checkpoint(run: "MunkeyRun", *, val_rate: float = 0.05, seed: int = 0
         raise MunkeyError(f"--max-ps must be positive, got {max_ps}.")
     val_ids = _val_forget_ids(run, val_rate, seed)
     excluded = sorted(set(val_ids) | set(run.forgotten_ids))
-    if not train_missing and not (oracle_path(run.paths.root, excluded, "munkey") / "config.json").exists():
+    if not train_missing and not RunPaths(oracle_path(run.paths.root, excluded, "munkey")).config.exists():
         raise MunkeyError("No M-oracle for the validation forget split yet; run 'munkey select RUN' without "
                           "--no-train to train it (the run's recipe, minutes on the CPU profile).")
     report("oracle", 0.0)
@@ -165,9 +162,7 @@ def select_checkpoint(run: "MunkeyRun", *, val_rate: float = 0.05, seed: int = 0
                                                           "val_forget": forget_tag(val_ids)}
     oracle = read_json(cache)["metrics"] if cache.exists() and read_json(cache).get("tag") == tag else None
     if oracle is None:
-        from munkey_core.service import MunkeyRun
-
-        orun = MunkeyRun(path, device=str(run.device))
+        orun = LoadedMunkeyRun(path, device=str(run.device))
         oracle = measure(munkey_scorer(orun.model, orun.bank, view, split_keys, k, tau), view, sets)
         atomic_write_json(cache, {"tag": tag, "metrics": oracle})
     out = Selection(max_ps, forget_tag(val_ids), len(val_ids), str(path), oracle, oracle_trained=trained)
@@ -187,7 +182,7 @@ def select_checkpoint(run: "MunkeyRun", *, val_rate: float = 0.05, seed: int = 0
     return out
 
 
-def check_target(run: "MunkeyRun", out: str | Path) -> Path:
+def check_target(run: LoadedMunkeyRun, out: str | Path) -> Path:
     """Refuse, before minutes of scoring, a selected run that could not be written: the run already has
     deletions (their audit trail belongs to it), or `out` is a file or a folder that is not empty."""
     if run.forgotten_ids:
@@ -201,10 +196,8 @@ def check_target(run: "MunkeyRun", out: str | Path) -> Path:
     return dest
 
 
-def write_selected(run: "MunkeyRun", selection: Selection, out: str | Path) -> Path:
+def write_selected(run: LoadedMunkeyRun, selection: Selection, out: str | Path) -> Path:
     """A new run directory whose weights and exemplars are the selected checkpoint's (original untouched)."""
-    from munkey_core.run.paths import RunPaths
-
     if selection.selected is None:
         raise MunkeyError(f"No checkpoint has Ps <= {selection.max_ps}; nothing to write. Try a larger --max-ps "
                           "or retrain with more pathway dropout.")

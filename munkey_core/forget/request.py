@@ -34,23 +34,21 @@ import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 from munkey_core import __version__
 from munkey_core.audit import receipts
 from munkey_core.audit.log import LINEAGE_KIND, PENDING_NAME, AuditLog, now_utc, open_log, verify_run
 from munkey_core.audit.canonical import plain
 from munkey_core.errors import MunkeyError
-from munkey_core.forget.evidence import (ORACLE_NOTE, own_keys, request_accuracy_and_mia,
-                                  retrieval_evidence, sample_fingerprints)
+from munkey_core.eval import evaluate as evaluation
+from munkey_core.forget.evidence import ORACLE_NOTE, own_keys, retrieval_evidence, sample_fingerprints
 from munkey_core.eval.metrics import MIA_CHEAP
+from munkey_core.run.loaded import DeletionTarget, LoadedMunkeyRun
 from munkey_core.run.paths import RunPaths, is_run, read_forgotten
 from munkey_core.run.lock import DELETION_LOCK_NAME, RunLock, crash_point, deletion_in_progress, pause_point
 from munkey_core.run.rows import purge_checkpoint_rows
 from munkey_core.atomic import atomic_write_json, fsync_dir, read_json
-
-if TYPE_CHECKING:
-    from munkey_core.service import MunkeyRun
 
 Progress = Callable[[str, float], None]
 JOURNAL_NAME = "journal.json"
@@ -132,14 +130,14 @@ def _metrics(m: dict | None) -> dict | None:
     return None if m is None else plain({k: m.get(k) for k in _METRIC_KEYS if k in m})
 
 
-def _matching_metrics(run: "MunkeyRun", bank_fp: str) -> dict | None:
+def _matching_metrics(run: LoadedMunkeyRun, bank_fp: str) -> dict | None:
     hist = run.metrics_history
     return hist[-1] if hist and hist[-1].get("bank_fingerprint") == bank_fp else None
 
 
 def _dataset_name(root: Path) -> str | None:
     try:
-        return read_json(root / "config.json").get("dataset")
+        return read_json(RunPaths(root).config).get("dataset")
     except Exception:
         return None
 
@@ -200,7 +198,7 @@ def record_refusal(root: str | Path, *, reason: str, operator: str | None, subje
 # --------------------------------------------------------------------------- the request
 
 
-def forget(run: "MunkeyRun", ids: Sequence[int], *, operator: str | None = None, subject: str | None = None,
+def forget(run: LoadedMunkeyRun, ids: Sequence[int], *, operator: str | None = None, subject: str | None = None,
            evaluate: bool = False, max_samples: int = 2000, source: str = "ids",
            progress: Progress | None = None) -> ForgetResult:
     """File and execute one deletion request (see the module docstring).
@@ -217,7 +215,7 @@ def forget(run: "MunkeyRun", ids: Sequence[int], *, operator: str | None = None,
         with log:
             with run.lock, run.runlock.hold(exclusive=True):  # 1. validate (milliseconds)
                 log.settle()
-                run._reload_if_changed()
+                run.reload_if_changed()
                 if (run.paths.root / JOURNAL_NAME).exists():  # an interrupted deletion: nobody else runs one
                     finish(run, log, read_json(run.paths.root / JOURNAL_NAME), recovered=True)
                 check = log.verify()
@@ -282,7 +280,7 @@ def _unfinished(request_id: str, exc: BaseException) -> UnfinishedRequest:
         "request) finishes it.", request_id)
 
 
-def _prepare(run: "MunkeyRun", log: AuditLog, request_id: str, ids: list[int], todo: list[int],
+def _prepare(run: LoadedMunkeyRun, log: AuditLog, request_id: str, ids: list[int], todo: list[int],
              already: list[int], *, operator: str, subject: str | None, received: str, source: str,
              evaluate: bool, max_samples: int, progress: Progress) -> dict:
     """The journal: the pending audit entry, with everything known before the change."""
@@ -294,9 +292,10 @@ def _prepare(run: "MunkeyRun", log: AuditLog, request_id: str, ids: list[int], t
         if before is not None:
             source_b = f"metrics.json entry of {before.get('time')}"
         else:
-            before = run.evaluate(max_samples=max_samples, progress=_scaled(progress, 0.0, 0.4, "before"))
+            before = evaluation.evaluate(run, max_samples=max_samples,
+                                         progress=_scaled(progress, 0.0, 0.4, "before"))
             source_b = "evaluated before the deletion"
-        fa_before = run.accuracy_on_ids(todo)
+        fa_before = evaluation.accuracy_on_ids(run, todo)
     elif not todo:
         source_b = "not evaluated: this request deletes nothing new"
     return plain({
@@ -308,7 +307,7 @@ def _prepare(run: "MunkeyRun", log: AuditLog, request_id: str, ids: list[int], t
     })
 
 
-def apply_journal(run: "MunkeyRun", journal: dict) -> None:
+def apply_journal(run: DeletionTarget, journal: dict) -> None:
     """Make the run's files say what the journal says (each step idempotent)."""
     todo = [int(i) for i in journal["ids"]]
     fg = read_forgotten(run.paths)
@@ -318,8 +317,7 @@ def apply_journal(run: "MunkeyRun", journal: dict) -> None:
         fg = {"ids": [int(i) for i in fg["ids"]] + new,
               "requests": fg.get("requests", []) + [{"time": journal["received"], "ids": todo,
                                                      "request_id": journal["request_id"]}]}
-        atomic_write_json(run.paths.forgotten, fg)
-    run.forgotten = fg
+        run.write_forgotten(fg)
     crash_point("forgotten")
     # every id the request names: a checkpoint row restored after an earlier deletion goes too
     purge_checkpoint_rows(run.paths.checkpoints, [int(i) for i in journal.get("requested", todo)],
@@ -327,11 +325,11 @@ def apply_journal(run: "MunkeyRun", journal: dict) -> None:
     crash_point("checkpoints")
     present = [i for i in todo if i in run.bank]
     if present:
-        run._apply_deletion(present)
+        run.apply_deletion(present)
     crash_point("bank")
 
 
-def finish(run: "MunkeyRun", log: AuditLog, journal: dict, *, keys=None, recovered: bool = False,
+def finish(run: LoadedMunkeyRun, log: AuditLog, journal: dict, *, keys=None, recovered: bool = False,
            t0: float | None = None, progress: Progress | None = None) -> ForgetResult:
     """Roll a committed journal forward in one go (recovery; the caller holds the run lock exclusively):
     files, evidence, audit entry, receipt; then drop the journal."""
@@ -342,7 +340,7 @@ def finish(run: "MunkeyRun", log: AuditLog, journal: dict, *, keys=None, recover
     return _record(run, log, journal, measured, seconds=seconds, progress=report)
 
 
-def _measure_after(run: "MunkeyRun", journal: dict, keys, report: Progress, recovered: bool = False) -> dict:
+def _measure_after(run: LoadedMunkeyRun, journal: dict, keys, report: Progress, recovered: bool = False) -> dict:
     """The post-deletion evidence and (when asked) evaluation, as parts of the audit entry's body."""
     todo, requested = [int(i) for i in journal["ids"]], [int(i) for i in journal["requested"]]
     executed = now_utc()
@@ -359,8 +357,9 @@ def _measure_after(run: "MunkeyRun", journal: dict, keys, report: Progress, reco
         after = _matching_metrics(run, bank_fp)
         source_a = f"metrics.json entry of {after.get('time')}" if after else "evaluated after the deletion"
         if after is None:
-            after = run.evaluate(max_samples=journal["max_samples"], progress=_scaled(report, 0.55, 0.9, "after"))
-        req = request_accuracy_and_mia(run, todo, journal["max_samples"])
+            after = evaluation.evaluate(run, max_samples=journal["max_samples"],
+                                        progress=_scaled(report, 0.55, 0.9, "after"))
+        req = evaluation.request_accuracy_and_mia(run, todo, journal["max_samples"])
     else:
         source_a = "not evaluated (--no-evaluate)"
     crash_point("evaluated")
@@ -377,7 +376,7 @@ def _measure_after(run: "MunkeyRun", journal: dict, keys, report: Progress, reco
             "recovered": recovered, "notes": notes}
 
 
-def _record(run: "MunkeyRun", log: AuditLog, journal: dict, m: dict, *, seconds: float,
+def _record(run: LoadedMunkeyRun, log: AuditLog, journal: dict, m: dict, *, seconds: float,
             progress: Progress) -> ForgetResult:
     """Append the audit entry (unless the log holds it already), issue the receipt, drop the journal."""
     rid = journal["request_id"]
@@ -407,7 +406,7 @@ def _record(run: "MunkeyRun", log: AuditLog, journal: dict, m: dict, *, seconds:
 # --------------------------------------------------------------------------- recovery
 
 
-def needs_recovery(run: "MunkeyRun") -> bool:
+def needs_recovery(run: LoadedMunkeyRun) -> bool:
     """An interrupted request to finish: a journal (or audit append) whose process is gone. Only a
     journal commits a deletion: ids in forgotten.json that the bank holds (a stale bank.store copied
     back, an id added by hand) are never deleted on open; `munkey audit verify` reports them."""
@@ -417,7 +416,7 @@ def needs_recovery(run: "MunkeyRun") -> bool:
     return (root / JOURNAL_NAME).exists() or (root / PENDING_NAME).exists() or bool(_stray_temp_files(root))
 
 
-def recover(run: "MunkeyRun") -> None:
+def recover(run: LoadedMunkeyRun) -> None:
     """Finish an interrupted deletion and its audit entry (caller holds the exclusive run lock).
     When the log cannot be reached, the files are still finished and the entry waits in the journal."""
     root = run.paths.root
@@ -441,9 +440,34 @@ def recover(run: "MunkeyRun") -> None:
         tmp.unlink(missing_ok=True)
 
 
+def open_recovered(path: str | Path, device: str = "auto", audit_url: str | None = None) -> LoadedMunkeyRun:
+    """Open a MUNKEY run and finish its interrupted deletion, if any (what service.MunkeyRun does)."""
+    run = LoadedMunkeyRun(path, device=device, audit_url=audit_url)
+    recover_on_open(run)
+    return run
+
+
+def recover_on_open(run: LoadedMunkeyRun) -> None:
+    """Finish an interrupted deletion of a run just opened (journal.json, or legacy ids in forgotten.json
+    still in the bank): checked under the shared run lock, finished under the exclusive one."""
+    with run.runlock.hold(exclusive=False):
+        run.reload_if_changed()
+        busy = needs_recovery(run)
+    if not busy:
+        return
+    with run.runlock.hold(exclusive=True):
+        run.reload()
+        try:
+            recover(run)
+        except OSError as exc:
+            raise MunkeyError(f"An interrupted deletion in {run.paths.root} could not be finished "
+                              f"({exc.strerror or exc}). Free disk space or make the run directory writable, then "
+                              "open the run again: it is finished then.") from None
+
+
 def _stray_temp_files(root: Path) -> list[Path]:
     """Temporary files left by an atomic write that was killed before its rename."""
-    return [p for d in (root, root / "checkpoints", root / receipts.RECEIPTS_DIR) if d.is_dir()
+    return [p for d in (root, RunPaths(root).checkpoints, root / receipts.RECEIPTS_DIR) if d.is_dir()
             for p in d.glob(".*.tmp")]
 
 

@@ -9,21 +9,24 @@ MUNKEY ViT without its exemplar token). Both expose `forward_features(x)` and
   narrower w, which costs about (w/64)^2 of the compute). `layer4[-1]` is the block whose 8w output
   channels UnAct scores; `fc` is the classifier.
 - ViT: timm's VisionTransformer with the same sizes as the MUNKEY backbone (ModelConfig).
-Tests: tests/test_classifiers.py.
+Tests: tests/test_posthoc.py, tests/test_unact.py, tests/test_ssd.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 
 from munkey_core.errors import MunkeyError
+from munkey_core.model.munkey_vit import preprocess_images
 
 ARCHS = ("resnet18", "vit")
+_EVAL_BATCH = 512
 
 
 @dataclass(frozen=True)
@@ -111,3 +114,21 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     for name, p in model.named_parameters():
         (no_decay if p.ndim <= 1 or name.endswith(("pos_embed", "cls_token")) else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@torch.no_grad()
+def logits_of(model: nn.Module, images: np.ndarray, img_size: int, batch_size: int = _EVAL_BATCH) -> np.ndarray:
+    """Logits (N, classes) of uint8 images (N, H, W, C), in eval mode, batched."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, len(images), batch_size):
+        x = torch.from_numpy(np.ascontiguousarray(images[start:start + batch_size])).to(device)
+        out.append(model(preprocess_images(x, img_size)).float().cpu())
+    model.train(was_training)
+    return torch.cat(out).numpy() if out else np.zeros((0, 0), dtype=np.float32)
+
+
+def predict_labels(model: nn.Module, images: np.ndarray, img_size: int) -> np.ndarray:
+    return logits_of(model, images, img_size).argmax(1)

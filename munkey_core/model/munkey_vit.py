@@ -5,9 +5,12 @@ neighbours' at inference); `h_psi` is a linear adapter to the backbone width. Tw
 tokens stand in for a dropped pathway: `null_img` replaces every patch embedding (positions are
 still added), `null_tok` replaces the exemplar token. Classification reads [CLS].
 
-Late injection (`cfg.inject_at = L > 0`, a variant; late.py explains it): the exemplar token joins
-the sequence before block L, so blocks [0, L) see only [CLS, patches...] and the K-neighbour
-ensemble runs them once per image. `inject_at = 0` (the default) is the paper's design.
+Late injection (`cfg.inject_at = L > 0`, a variant): the exemplar token joins the sequence before
+block L, so blocks [0, L) see only [CLS, patches...] and the K-neighbour ensemble runs them once per
+image. `inject_at = 0` (the default) is the paper's design. A late model is a different model,
+trained with the same recipe (`munkey train --inject-at L`), not a way to run a trained paper-design
+model (docs/performance.md has the speed and the Avg Gap of late@3 on the cpu profile).
+Tests: tests/test_model.py, tests/test_late.py, tests/test_perf_late.py.
 
 Cost: one forward is a plain ViT forward with one extra token (N+2 tokens instead of N+1); the
 K-ensemble costs L + K * (depth - L) block passes per image instead of K * depth.

@@ -29,6 +29,7 @@ run is always either before or after a request.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -76,6 +77,20 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    def checkpoint(self, epoch: int) -> Path:
+        """checkpoints/epoch_NNN.pt (its exemplar rows: the .rows file beside it; run/rows.py)."""
+        return checkpoint_file(self.checkpoints, epoch)
+
+
+def checkpoint_file(directory: Path, epoch: int) -> Path:
+    """The weights file of epoch `epoch` in a checkpoint directory: epoch_NNN.pt."""
+    return Path(directory) / f"epoch_{epoch:03d}.pt"
+
+
+def utc_now(timespec: str = "seconds") -> str:
+    """The current UTC time in ISO 8601 ("...+00:00"), as config.json and metrics.json record it."""
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 def open_run(path: str | Path) -> RunPaths:

@@ -41,14 +41,12 @@ import torch
 from munkey_core.bank.store import BankStore
 from munkey_core.errors import MunkeyError
 from munkey_core.bank.memory import MemoryBank
-from munkey_core.run.paths import load_state_dict
+from munkey_core.run.paths import RunPaths, load_state_dict
 from munkey_core.run.lock import crash_point
 from munkey_core.atomic import atomic_torch_save, atomic_write_json, fsync_dir, read_json
 
 STORE_FORMAT = 2
 MIGRATION_CRASH_STEPS = ("migrate-bank", "migrate-checkpoint", "migrate-config")  # tests/test_runstore.py
-BANK_STORE = "bank.store"
-LEGACY_BANK = "bank.npz"
 ROWS_SUFFIX = ".rows"
 
 
@@ -107,9 +105,8 @@ def remove_checkpoint(path: Path) -> None:
 
 def bank_path(root: Path) -> Path:
     """The bank file of a run directory: bank.store, or bank.npz for a run not yet migrated."""
-    root = Path(root)
-    return root / BANK_STORE if (root / BANK_STORE).exists() or not (root / LEGACY_BANK).exists() \
-        else root / LEGACY_BANK
+    paths = RunPaths(Path(root))
+    return paths.bank if paths.bank.exists() or not paths.legacy_bank.exists() else paths.legacy_bank
 
 
 def open_bank(path: Path) -> BankStore:
@@ -132,7 +129,7 @@ def open_bank(path: Path) -> BankStore:
 def load_bank(root: Path) -> MemoryBank:
     """The run's bank as an in-memory MemoryBank (either format; the run is not changed)."""
     path = bank_path(root)
-    if path.name == LEGACY_BANK:
+    if path == RunPaths(Path(root)).legacy_bank:
         return MemoryBank.load(path)
     with BankStore(path, readonly=True) as store:
         return store.to_bank()
@@ -141,7 +138,7 @@ def load_bank(root: Path) -> MemoryBank:
 def bank_ids(root: Path) -> np.ndarray:
     """The ids stored in the run's bank file (a copy; reads only the id column of a store)."""
     path = bank_path(root)
-    if path.name == LEGACY_BANK:
+    if path == RunPaths(Path(root)).legacy_bank:
         try:
             with np.load(path) as data:
                 return np.array(data["ids"])
@@ -157,7 +154,7 @@ def bank_stamp(root: Path) -> tuple[int, int, int]:
     file's mtime and size (a deletion writes it in place: same size, new mtime) and forgotten.json's
     mtime (rewritten by every deletion)."""
     st = bank_path(root).stat()
-    fg = Path(root) / "forgotten.json"
+    fg = RunPaths(Path(root)).forgotten
     return st.st_mtime_ns, st.st_size, fg.stat().st_mtime_ns if fg.exists() else 0
 
 
@@ -261,7 +258,7 @@ def purge_checkpoint_rows(directory: Path, ids: Iterable[int], on_file: Callable
 
 def needs_migration(root: Path) -> bool:
     """True for a format-1 run, or a migrated one whose bank.npz was not removed yet."""
-    return (Path(root) / LEGACY_BANK).exists()
+    return RunPaths(Path(root)).legacy_bank.exists()
 
 
 def migrate(root: Path) -> bool:
@@ -277,19 +274,20 @@ def migrate(root: Path) -> bool:
 
 
 def _migrate(root: Path) -> bool:
-    legacy = root / LEGACY_BANK
+    paths = RunPaths(root)
+    legacy = paths.legacy_bank
     if not legacy.exists():
         return False
-    config = read_json(root / "config.json")
-    if int(config.get("format", 1)) >= STORE_FORMAT and (root / BANK_STORE).exists():
+    config = read_json(paths.config)
+    if int(config.get("format", 1)) >= STORE_FORMAT and paths.bank.exists():
         legacy.unlink()  # migrated, crashed before the removal: bank.npz may only be older
         fsync_dir(root)
         return True
     bank = MemoryBank.load(legacy)
-    write_bank(root / BANK_STORE, bank)
+    write_bank(paths.bank, bank)
     crash_point("migrate-bank")
     label_of = dict(zip(bank.ids.tolist(), bank.labels.tolist()))
-    for path in checkpoints(root / "checkpoints"):
+    for path in checkpoints(paths.checkpoints):
         ckpt = _torch_load(path)
         if "ids" not in ckpt:
             continue  # migrated before a crash
@@ -298,7 +296,7 @@ def _migrate(root: Path) -> bool:
         labels = np.array([label_of.get(int(i), -1) for i in ids], dtype=np.int64)  # -1: not in the bank
         write_checkpoint(path, ckpt, ids, labels, values)
         crash_point("migrate-checkpoint")
-    atomic_write_json(root / "config.json", {**config, "format": STORE_FORMAT})
+    atomic_write_json(paths.config, {**config, "format": STORE_FORMAT})
     crash_point("migrate-config")
     legacy.unlink()
     fsync_dir(root)

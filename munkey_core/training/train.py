@@ -8,6 +8,15 @@ Per sample and step (SPEC.md section 2):
 Keys are frozen, so the K' neighbour lists are computed once before the first epoch.
 AdamW (betas 0.9/0.99) over everything, linear warm-up then cosine decay per step.
 Cost per step: one plain-ViT forward/backward with one extra token, plus a (B, K', Dv) gather.
+
+One loop serves one process and a DistributedDataParallel group (distributed.py launches it):
+every rank draws the *global* batch, its augmentation and its pathway/retrieval masks from the same
+seeded generator (the single-process random stream), then keeps its contiguous shard of the batch.
+The backbone is wrapped in DDP; the exemplar rows of the batch (B x Dv, not N x Dv) have their
+gradients all-reduced, so every rank takes the same AdamW step on every row. Each rank's loss is
+sum(CE over its shard) * world / B, so the averaged gradient is that of the global batch mean even
+when the last batch splits unevenly. Rank 0 validates and writes the checkpoints.
+Tests: tests/test_train.py, tests/test_ddp.py (2 processes equal 1).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -28,6 +38,7 @@ from munkey_core.config import ModelConfig, TrainConfig
 from munkey_core.bank.memory import MemoryBank
 from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
 from munkey_core.model.predict import predict
+from munkey_core.run.paths import checkpoint_file
 from munkey_core.run.rows import checkpoints, remove_checkpoint, write_checkpoint
 from munkey_core.training.torchfix import odd_batch_guard
 
@@ -81,11 +92,20 @@ def cosine_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], floa
     return factor
 
 
+def world() -> tuple[int, int]:
+    """(rank, world size) of the current process group; (0, 1) when none is initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, val: TrainData | None = None,
                  device: torch.device = torch.device("cpu"), checkpoint_dir: Path | None = None,
                  keep_checkpoints: int = 10, progress: bool = True,
                  on_epoch: EpochCallback | None = None) -> TrainResult:
-    """Train a MUNKEY model on `train`; returns the model, the trained bank and per-epoch history."""
+    """Train a MUNKEY model on `train`; returns the model, the trained bank and per-epoch history.
+    Across the ranks of the current process group when there is one (see the module docstring)."""
+    rank, size = world()
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     model = MunkeyViT(model_cfg).to(device)
@@ -96,6 +116,9 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
     groups = model.param_groups(cfg.weight_decay) + [{"params": [values], "weight_decay": cfg.weight_decay,
                                                       "lr": cfg.lr * cfg.exemplar_lr_scale}]
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    net: nn.Module = model
+    if size > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     n = len(bank)
     steps_per_epoch = math.ceil(n / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
@@ -103,36 +126,51 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
     images = torch.from_numpy(np.ascontiguousarray(train.images)).to(device)  # (N, H, W, C) uint8
     labels = torch.from_numpy(train.labels.astype(np.int64)).to(device)
     history: list[dict] = []
-    bar = tqdm(total=total, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=total, desc="train", unit="step", disable=not progress or rank != 0, dynamic_ncols=True)
     for epoch in range(1, cfg.epochs + 1):
         t0 = time.perf_counter()
         model.train()
-        loss_sum, correct = 0.0, 0
+        stats = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct (this rank's shard)
         for idx in torch.randperm(n, generator=gen).to(device).split(cfg.batch_size):
+            b = len(idx)
             x = random_shift(preprocess_images(images[idx], model_cfg.img_size), cfg.augment_shift, gen)
             token, drop_img, drop_tok = _sample_tokens(values, idx, nbr_rows, nbr_w, cfg, gen)
-            with odd_batch_guard(len(idx)):
-                logits = model(x, token, drop_img, drop_tok)
-                loss = F.cross_entropy(logits, labels[idx], label_smoothing=cfg.label_smoothing)
+            part = torch.arange(b, device=device).tensor_split(size)[rank]  # this rank's shard of the batch
+            y = labels[idx[part]]
+            with odd_batch_guard(len(part)):
+                logits = net(x[part], token[part], drop_img[part], drop_tok[part])
+                if size == 1:  # the batch mean, as the single-process recipe always computed it
+                    loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
+                    loss_sum = loss.detach().double() * b
+                else:
+                    loss_sum = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="sum")
+                    loss = loss_sum * (size / b)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+            if size > 1:  # every rank steps every exemplar row of the global batch alike
+                rows_grad = values.grad[idx] if values.grad is not None else torch.zeros(b, values.shape[1], device=device)
+                dist.all_reduce(rows_grad)
+                if values.grad is None:
+                    values.grad = torch.zeros_like(values)
+                values.grad[idx] = rows_grad / size
             opt.step()
             sched.step()
-            loss_sum += loss.item() * len(idx)
-            correct += (logits.argmax(1) == labels[idx]).sum().item()
+            stats += torch.stack([loss_sum.detach().double(), (logits.argmax(1) == y).sum().double()])
             bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
+            bar.set_postfix(epoch=epoch, loss=f"{loss_sum.item() / len(part):.3f}")
+        if size > 1:
+            dist.all_reduce(stats)
         bank.values = values.detach()
-        record = {"epoch": epoch, "loss": loss_sum / n, "train_acc": 100.0 * correct / n,
+        record = {"epoch": epoch, "loss": stats[0].item() / n, "train_acc": 100.0 * stats[1].item() / n,
                   "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0}
-        if val is not None and len(val.labels):
+        if rank == 0 and val is not None and len(val.labels):
             record["val_acc"] = validation_accuracy(model, bank, val, cfg)
         history.append(record)
         bar.set_postfix(epoch=epoch, loss=f"{record['loss']:.3f}", acc=f"{record['train_acc']:.1f}",
                         val=f"{record.get('val_acc', float('nan')):.1f}")
-        if checkpoint_dir is not None:
+        if rank == 0 and checkpoint_dir is not None:
             save_checkpoint(checkpoint_dir, epoch, model, bank, record, keep_checkpoints)
-        if on_epoch is not None:
+        if rank == 0 and on_epoch is not None:
             on_epoch(record)
     bar.close()
     bank.values = values.detach().clone()
@@ -169,7 +207,7 @@ def save_checkpoint(directory: Path, epoch: int, model: MunkeyViT, bank: MemoryB
     """Write epoch `epoch`'s weights (epoch_NNN.pt) and exemplar rows (epoch_NNN.rows, a fixed-row file
     that a deletion purges in place; runstore.py); keep only the newest `keep` (0 keeps all)."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"epoch_{epoch:03d}.pt"
+    path = checkpoint_file(directory, epoch)
     write_checkpoint(path, {"epoch": epoch, "record": record, "model": model.state_dict()},
                      bank.ids, bank.labels, bank.values.detach().cpu().numpy())
     if keep > 0:

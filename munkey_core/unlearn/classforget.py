@@ -36,16 +36,17 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from munkey_core.run.classifier import ClassifierRun, run_kind, train_classifier_run
 from munkey_core.data.sampling import stratified_sample
 from munkey_core.errors import MunkeyError
-from munkey_core.forget.evidence import model_fingerprint
+from munkey_core.forget.request import forget, open_recovered, start_derived_log
 from munkey_core.bank.memory import MemoryBank
-from munkey_core.run import rows as runstore
-from munkey_core.model.predict import predict
+from munkey_core.run import rows
+from munkey_core.run.loaded import ClassifierRun, LoadedMunkeyRun, LoadedRun, load_run, run_kind
+from munkey_core.run.paths import RunPaths, check_new_run_dir, make_private
 from munkey_core.atomic import atomic_torch_save, atomic_write_json, read_json
-from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, reference_order, ssd_forget
 from munkey_core.model.predict import neighbour_weights
+from munkey_core.training.runs import retrain
+from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, reference_order, ssd_forget
 from munkey_core.unlearn.unact import DEFAULTS, RoundInfo, UnActConfig, munkey_ensemble_forward, scope_for, unact
 
 METHODS = ("unact", "ssd", "lfssd", "keys", "keys+unact", "mask")
@@ -114,22 +115,15 @@ class ClassEditor:
     def __init__(self, path: str | Path, device: str = "auto", max_test: int | None = None) -> None:
         self.root = Path(path)
         self.kind = run_kind(self.root)
-        if self.kind == "classifier":
-            self.run = ClassifierRun(self.root, device=device)
-            self.arch = self.run.arch
-        else:
-            from munkey_core.service import MunkeyRun
-
-            self.run = MunkeyRun(self.root, device=device)
-            self.arch = "munkey"
+        self.run: LoadedRun = (ClassifierRun(self.root, device=device) if self.kind == "classifier"
+                               else open_recovered(self.root, device=device))
+        self.arch = self.run.arch if isinstance(self.run, ClassifierRun) else "munkey"
         self.device = self.run.device
         self.model = self.run.model
         ds = self.dataset
         cap = _MUNKEY_TEST_CAP if (max_test is None and self.kind == "munkey") else (max_test or 0)
         self.test_index = stratified_sample(ds.test.labels, cap, seed=0)
-        self._all_test_keys: np.ndarray | None = None
         self._original_pred: np.ndarray | None = None  # the loaded model is never edited: cacheable
-        self._fp: str | None = None
         self._train_rows: dict[bytes, int] | None = None  # training image bytes -> row (request keys)
 
     # ----- data ---------------------------------------------------------------------------
@@ -171,33 +165,15 @@ class ClassEditor:
         return self.run.prepare_images(images)
 
     def to_input(self, images_u8: np.ndarray) -> torch.Tensor:
-        from munkey_core.model.munkey_vit import preprocess_images
-
-        img_size = self.run.cfg.img_size if self.kind == "classifier" else self.run.model_cfg.img_size
-        x = torch.from_numpy(np.ascontiguousarray(images_u8)).to(self.device)
-        return preprocess_images(x, img_size)
+        return self.run.to_input(images_u8)
 
     # ----- evaluation ---------------------------------------------------------------------
-    def _test_keys(self, index: np.ndarray) -> np.ndarray:
-        if self._all_test_keys is None:
-            self._all_test_keys = self.run.split_keys("test")
-        return self._all_test_keys[index]
 
     def predict_test(self, model: torch.nn.Module, bank: MemoryBank | None = None,
                      index: np.ndarray | None = None) -> np.ndarray:
         """Predicted labels of the evaluated test images (or of test rows `index`) under `model`
         (and `bank` for MUNKEY; default the run's bank)."""
-        index = self.test_index if index is None else index
-        images = self.dataset.test.images[index]
-        if self.kind == "classifier":
-            from munkey_core.run.classifier import predict_labels
-
-            return predict_labels(model, images, self.run.cfg.img_size)
-        bank = self.run.bank if bank is None else bank
-        with torch.no_grad():
-            preds = predict(model, bank, self.to_input(images), self._test_keys(index), k=self.run.train_cfg.k,
-                            tau=self.run.train_cfg.tau, neighbour_predictions=False)
-        return preds.labels
+        return self.run.predict_split("test", self.test_index if index is None else index, model, bank)
 
     def metrics(self, cls: int, model: torch.nn.Module | None = None, bank: MemoryBank | None = None) -> ClassMetrics:
         """Af/Ar of `model` (default: the unedited run, whose test predictions are computed once)."""
@@ -216,7 +192,7 @@ class ClassEditor:
     def oracle_metrics(self, cls: int) -> ClassMetrics | None:
         """Af*, Ar* of the class oracle on the same test images (cached in the oracle's directory)."""
         path = self.oracle_path(cls)
-        if not (path / "config.json").exists():
+        if not RunPaths(path).config.exists():
             return None
         cache = path / "class_eval.json"
         tag = {"cls": int(cls), "n_test": int(len(self.test_index)), "test_hash": _index_hash(self.test_index)}
@@ -224,43 +200,22 @@ class ClassEditor:
             data = read_json(cache)
             if data.get("tag") == tag:
                 return ClassMetrics(**data["metrics"])
-        if self.kind == "classifier":
-            oracle = ClassifierRun(path, device=str(self.device))
-            m = self.metrics(cls, oracle.model)
-        else:
-            from munkey_core.service import MunkeyRun
-
-            orun = MunkeyRun(path, device=str(self.device))
-            m = self.metrics(cls, orun.model, orun.bank)
+        oracle = load_run(path, device=str(self.device))  # its own model (and bank), on the same test images
+        m = class_metrics(oracle.predict_split("test", self.test_index), self.dataset.test.labels[self.test_index],
+                          cls, self.num_classes)
         atomic_write_json(cache, {"tag": tag, "metrics": asdict(m)})
         return m
 
     def train_oracle(self, cls: int, progress: bool = True) -> Path:
         """Retrain this run's recipe without class `cls` into oracles/class_C (skipped when it exists)."""
         path = self.oracle_path(cls)
-        if (path / "config.json").exists():
+        if RunPaths(path).config.exists():
             return path
-        cfg = self.run.config
-        overrides = dict(cfg["train"])
-        if self.kind == "classifier":
-            overrides.update({k: v for k, v in cfg["classifier"].items() if k != "arch"})
-            train_classifier_run(cfg["dataset"], path, arch=self.arch, profile=cfg["profile"], exclude_classes=[cls],
-                                 data_root=cfg.get("data_root"), device=str(self.device), overrides=overrides,
-                                 progress=progress)
-        else:
-            from munkey_core.service import train_run
-
-            overrides.update(cfg["model"])
-            train_run(cfg["dataset"], path, profile=cfg["profile"], encoder=cfg["encoder"]["name"],
-                      data_root=cfg.get("data_root"), device=str(self.device), overrides=overrides,
-                      progress=progress, exclude_classes=[cls], keep_checkpoints=1)
-        return path
+        return retrain(self.run.config, path, exclude_classes=[cls], device=str(self.device), progress=progress)
 
     # ----- requests -------------------------------------------------------------------------
     def fingerprint(self) -> str:
-        if self._fp is None:
-            self._fp = model_fingerprint(self.model)
-        return self._fp
+        return self.run.model_fingerprint
 
     def working_copy(self) -> torch.nn.Module:
         return copy.deepcopy(self.model).eval()
@@ -314,10 +269,15 @@ class ClassEditor:
         nearest keys in `bank` (default the run's) (n, K, Dv) and the ensemble weights (n, K)."""
         if self.kind != "munkey":
             raise MunkeyError("Retrieved neighbours exist only on MUNKEY runs.")
-        bank = self.run.bank if bank is None else bank
-        sims, rows = bank.search(torch.as_tensor(self.request_keys(images_u8)), self.run.train_cfg.k)
+        keys, k = torch.as_tensor(self.request_keys(images_u8)), self.run.train_cfg.k
+        if bank is None:  # the run's own bank: searched under its lock (a deletion moves rows)
+            hits = self.run.search(keys, k, values=True)
+            sims, values = hits.similarities, hits.values
+        else:  # a private copy (class removal's bank without the class)
+            sims, rows = bank.search(keys, k)
+            values = bank.values.to(rows.device)[rows]
         weights = neighbour_weights(sims.float(), self.run.train_cfg.tau, "ensemble")
-        return bank.values.to(rows.device)[rows].float(), weights
+        return values.float(), weights
 
     def run_ssd(self, images_u8: np.ndarray, labels: np.ndarray | None, cfg: SSDConfig, *, cls: int,
                 cold: bool = False):
@@ -428,8 +388,6 @@ class ClassEditor:
     def save(self, out: str | Path, model: torch.nn.Module, request: ClassRequest, *,
              operator: str | None = None) -> Path:
         """Write the edited model as a new run at `out` (the original run stays untouched)."""
-        from munkey_core.run.paths import check_new_run_dir, make_private
-
         out = check_new_run_dir(out)  # a new or empty folder only: never a user's files
         if out.resolve() == self.root.resolve():
             raise MunkeyError("The edited model is saved as a new run; --out must differ from the run.")
@@ -441,23 +399,22 @@ class ClassEditor:
         config["edits"] = lineage
         created = not out.exists()
         out.mkdir(parents=True, exist_ok=True, mode=0o700)
+        src, dest = self.run.paths, RunPaths(out)
         try:
-            if self.kind == "munkey":
-                from munkey_core.forget.request import start_derived_log
-
+            if isinstance(self.run, LoadedMunkeyRun):
                 with self.run.runlock.hold(exclusive=False):  # no deletion of the source while copying
-                    runstore.write_bank(out / runstore.BANK_STORE, runstore.load_bank(self.root))
-                    for name in ("forgotten.json", "history.json"):
-                        if (self.root / name).exists():
-                            shutil.copy2(self.root / name, out / name)
-                    atomic_torch_save(out / "model.pt", model.state_dict())
-                    atomic_write_json(out / "config.json", config)
+                    rows.write_bank(dest.bank, rows.load_bank(src.root))
+                    for name in (src.forgotten.name, src.history.name):
+                        if (src.root / name).exists():
+                            shutil.copy2(src.root / name, dest.root / name)
+                    atomic_torch_save(dest.model, model.state_dict())
+                    atomic_write_json(dest.config, config)
                     # the new run's log starts from the parent's log head and lists the deletions it inherits
                     start_derived_log(self.root, out, method=request.method, operator=operator,
                                       url=self.run.audit_url)
             else:
-                atomic_torch_save(out / "model.pt", model.state_dict())
-                atomic_write_json(out / "config.json", config)
+                atomic_torch_save(dest.model, model.state_dict())
+                atomic_write_json(dest.config, config)
         except BaseException:
             if created:
                 shutil.rmtree(out, ignore_errors=True)
@@ -465,12 +422,10 @@ class ClassEditor:
                 for p in list(out.iterdir()):
                     shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             raise
-        if self.kind == "munkey" and request.method.startswith("keys"):
-            from munkey_core.service import MunkeyRun
-
-            new = MunkeyRun(out, device=str(self.device))
+        if isinstance(self.run, LoadedMunkeyRun) and request.method.startswith("keys"):
+            new = open_recovered(out, device=str(self.device))
             ids = [int(i) for i in new.bank.ids[new.bank.labels == request.cls]]
-            new.forget(ids, operator=operator, source=f"class {request.cls} ({request.method})")
+            forget(new, ids, operator=operator, source=f"class {request.cls} ({request.method})")
         make_private(out)
         return out
 

@@ -1,10 +1,11 @@
-"""Train, save and open a conventional classifier run (ResNet-18 or plain ViT): `munkey train --arch`.
+"""Train a conventional classifier run (ResNet-18 or plain ViT): `munkey train --arch`.
 
 A classifier run directory holds config.json (kind "classifier", arch, dataset, sizes, recipe,
-excluded classes), model.pt and history.json. Class oracles are classifier runs trained with
-`exclude_classes` (the same recipe on the retain data). The recipe: AdamW, linear warm-up then cosine
-decay, random-shift augmentation, cross-entropy; the same as MUNKEY's so the two compare fairly.
-Cost: one plain forward/backward per image and epoch. Tests: tests/test_classifiers.py.
+excluded classes), model.pt and history.json (run/loaded.py `ClassifierRun` opens it). Class
+oracles are classifier runs trained with `exclude_classes` (the same recipe on the retain data).
+The recipe: AdamW, linear warm-up then cosine decay, random-shift augmentation, cross-entropy; the
+same as MUNKEY's (training/train.py) so the two compare fairly.
+Cost: one plain forward/backward per image and epoch. Tests: tests/test_classforget.py, tests/test_mia.py.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from munkey_core.atomic import atomic_torch_save, atomic_write_json
+from munkey_core.config import TrainConfig, resolve_device, resolve_profile, with_overrides
 from munkey_core.data import datasets as data_mod
-from munkey_core.model.classifiers import ARCHS, ClassifierConfig, build_classifier, param_groups
-from munkey_core.config import TrainConfig, from_dict, resolve_device, resolve_profile, with_overrides
 from munkey_core.errors import MunkeyError
-from munkey_core.data.images import match_channels, resize_to
+from munkey_core.model.classifiers import ARCHS, ClassifierConfig, build_classifier, param_groups, predict_labels
 from munkey_core.model.munkey_vit import preprocess_images
-from munkey_core.run.paths import FORMAT_VERSION, begin_new_run_dir, check_new_run_dir, end_new_run_dir, load_state_dict
-from munkey_core.atomic import atomic_torch_save, atomic_write_json, read_json
+from munkey_core.run.loaded import ClassifierRun
+from munkey_core.run.paths import FORMAT_VERSION, RunPaths, begin_new_run_dir, check_new_run_dir, end_new_run_dir
 from munkey_core.training.torchfix import odd_batch_guard
 from munkey_core.training.train import cosine_schedule, random_shift
 
@@ -38,7 +39,6 @@ RESNET_PROFILES: dict[str, tuple[dict, dict]] = {
     "cpu": ({"width": 16}, {"epochs": 12, "lr": 2e-3}),       # ~20 s/epoch on 10k 28 px images, 2 cores
     "vit-tiny": ({"width": 64, "img_size": 32}, {"epochs": 60, "lr": 1e-3}),  # the standard ResNet-18 (GPU)
 }
-_EVAL_BATCH = 512
 
 
 def classifier_recipe(arch: str, profile: str, num_classes: int, in_chans: int,
@@ -107,24 +107,6 @@ def train_classifier(cfg: ClassifierConfig, train_cfg: TrainConfig, images: np.n
     return model.eval(), history
 
 
-@torch.no_grad()
-def logits_of(model: nn.Module, images: np.ndarray, img_size: int, batch_size: int = _EVAL_BATCH) -> np.ndarray:
-    """Logits (N, classes) of uint8 images (N, H, W, C), in eval mode, batched."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    out = []
-    for start in range(0, len(images), batch_size):
-        x = torch.from_numpy(np.ascontiguousarray(images[start:start + batch_size])).to(device)
-        out.append(model(preprocess_images(x, img_size)).float().cpu())
-    model.train(was_training)
-    return torch.cat(out).numpy() if out else np.zeros((0, 0), dtype=np.float32)
-
-
-def predict_labels(model: nn.Module, images: np.ndarray, img_size: int) -> np.ndarray:
-    return logits_of(model, images, img_size).argmax(1)
-
-
 def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18", profile: str = "auto",
                          exclude_classes: Sequence[int] = (), data_root: str | Path | None = None,
                          download: bool = False, device: str = "auto", overrides: dict | None = None,
@@ -132,7 +114,7 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
                          extra_config: dict | None = None, exclude_ids: Sequence[int] = ()) -> "ClassifierRun":
     """Train a ResNet-18 or plain ViT on a registry dataset into `out`, optionally without some classes
     (a class oracle) or without some training sample ids (a random-forgetting oracle, a reference model)."""
-    out = check_new_run_dir(out)  # never overwrite a user's folder or file
+    paths = RunPaths(check_new_run_dir(out))  # never overwrite a user's folder or file
     dev = resolve_device(device)
     base = with_overrides(resolve_profile(profile).train, dict(overrides or {}))
     ds = data_mod.load_dataset(dataset, data_root, download=download, seed=base.data_seed,
@@ -150,10 +132,10 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
                                       val=(ds.val.images[keep_val], ds.val.labels[keep_val]), device=dev,
                                       progress=progress, on_epoch=on_epoch)
     seconds = time.perf_counter() - t0
-    begin_new_run_dir(out)
-    atomic_torch_save(out / "model.pt", model.state_dict())
-    atomic_write_json(out / "history.json", history)
-    atomic_write_json(out / "config.json", {
+    begin_new_run_dir(paths.root)
+    atomic_torch_save(paths.model, model.state_dict())
+    atomic_write_json(paths.history, history)
+    atomic_write_json(paths.config, {
         "format": FORMAT_VERSION, "kind": "classifier", "arch": arch, "dataset": ds.name,
         "data_root": None if data_root is None else str(Path(data_root).resolve()),
         "class_names": list(ds.class_names), "image_shape": list(ds.image_shape), "channels": ds.channels,
@@ -162,85 +144,5 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
         "train_size": int(keep_train.sum()),
         "train_seconds": round(seconds, 1), "device": str(dev), **(extra_config or {}),
     })
-    end_new_run_dir(out)
-    return ClassifierRun(out, device=device)
-
-
-def run_kind(path: str | Path) -> str:
-    """'munkey' or 'classifier' for a run directory (raises a clear error when it is not one)."""
-    cfg_path = Path(path) / "config.json"
-    if not cfg_path.exists():
-        raise MunkeyError(f"{path} is not a run directory (no config.json). Train one with 'munkey train --out {path}'.")
-    return str(read_json(cfg_path).get("kind", "munkey"))
-
-
-class ClassifierRun:
-    """A loaded classifier run: the model and, lazily, its dataset."""
-
-    def __init__(self, path: str | Path, device: str = "auto") -> None:
-        self.root = Path(path)
-        if run_kind(self.root) != "classifier":
-            raise MunkeyError(f"{self.root} is a MUNKEY run, not a ResNet-18/ViT classifier run.")
-        self.config = read_json(self.root / "config.json")
-        self.device = resolve_device(device)
-        self.cfg: ClassifierConfig = from_dict(ClassifierConfig, self.config["classifier"])
-        self.train_cfg: TrainConfig = from_dict(TrainConfig, self.config["train"])
-        self.model = build_classifier(self.cfg).to(self.device)
-        try:
-            self.model.load_state_dict(load_state_dict(self.root / "model.pt", self.device))
-        except RuntimeError:
-            raise MunkeyError(f"{self.root / 'model.pt'} does not match the run's config; the run is damaged.") from None
-        self.model.eval()
-        self._dataset = None
-
-    @property
-    def arch(self) -> str:
-        return self.cfg.arch
-
-    @property
-    def class_names(self) -> list[str]:
-        return list(self.config["class_names"])
-
-    @property
-    def dataset(self) -> data_mod.Dataset:
-        if self._dataset is None:
-            self._dataset = data_mod.load_dataset(self.config["dataset"], self.config.get("data_root"),
-                                                  seed=self.train_cfg.data_seed, max_train=self.train_cfg.max_train or None)
-        return self._dataset
-
-    def prepare_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
-        """User images (H, W, C) uint8 of any size/channels -> (B, H0, W0, C0) like the training data."""
-        if len(images) == 0:
-            raise MunkeyError("No image given; pass at least one PNG, JPEG or NPY file.")
-        shape = tuple(self.config["image_shape"])
-        return np.stack([resize_to(match_channels(img, self.config["channels"]), shape) for img in images])
-
-    def to_input(self, images_u8: np.ndarray) -> torch.Tensor:
-        """Dataset-shaped uint8 images (B, H, W, C) -> the model's input tensor (B, C, S, S)."""
-        x = torch.from_numpy(np.ascontiguousarray(images_u8)).to(self.device)
-        return preprocess_images(x, self.cfg.img_size)
-
-    def predict_labels(self, images_u8: np.ndarray) -> np.ndarray:
-        return predict_labels(self.model, images_u8, self.cfg.img_size)
-
-    def summary(self) -> dict:
-        c = self.config
-        return {"arch": self.arch, "dataset": c["dataset"], "profile": c["profile"], "classes": len(c["class_names"]),
-                "train_size": c.get("train_size"), "exclude_classes": c.get("exclude_classes", []),
-                "train_seconds": c.get("train_seconds")}
-
-
-def classifier_runs_in(*folders: str | Path) -> list[Path]:
-    """Classifier runs (ResNet-18 / ViT) directly inside the given folders, newest first."""
-    found: dict[Path, float] = {}
-    for folder in folders:
-        folder = Path(folder)
-        if not folder.is_dir():
-            continue
-        for cfg in folder.glob("*/config.json"):
-            try:
-                if read_json(cfg).get("kind") == "classifier":
-                    found[cfg.parent.resolve()] = cfg.stat().st_mtime
-            except (MunkeyError, OSError, ValueError):
-                continue  # not a readable run: not offered
-    return sorted(found, key=lambda p: -found[p])
+    end_new_run_dir(paths.root)
+    return ClassifierRun(paths.root, device=device)
