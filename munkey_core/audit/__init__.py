@@ -1,1 +1,8 @@
-"""The hash-chained audit log, its backends, canonical JSON and receipts."""
+"""The audit trail of deletion requests (layer: above run; docs/modules.md has the map).
+
+- log.py: the append-only, hash-chained log, its head anchor and verification.
+- backends.py: where its rows live: SQLite (default) or PostgreSQL.
+- canonical.py: canonical JSON (RFC 8785) and the hashes built on it.
+- receipts.py: a JSON and an HTML receipt per request, checkable against the log.
+Tests: tests/test_audit.py, tests/test_postgres.py, tests/test_atomicity.py.
+"""

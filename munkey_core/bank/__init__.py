@@ -1,1 +1,7 @@
-"""The exemplar memory bank: in RAM, the fixed-row store on disk, approximate search."""
+"""The exemplar memory bank (layer: below run; docs/modules.md has the map).
+
+- memory.py: the bank in RAM: exact top-K search, physical deletion, fingerprint.
+- store.py: the bank on disk: a fixed-row file with O(1) in-place deletion.
+- ann.py: approximate top-K (IVF) over a store.
+Tests: tests/test_memory.py, tests/test_perf_bankstore.py, tests/test_perf_ann.py.
+"""

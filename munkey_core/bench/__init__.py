@@ -4,6 +4,12 @@ A benchmark module defines `HELP` (one line), `add_arguments(parser)` and `run(a
 its heavy imports inside `run` so that `munkey --help` stays fast. Benchmarks print tables of absolute
 figures *and* ratios against a baseline measured in the same run (these machines are shared and noisy),
 and write them under docs/ when asked to.
+
+- perf.py (with forget_storage.py): deletion, forget requests, search, inference, training, memory.
+- fidelity.py (with fidelity_run.py): random forgetting against retrained oracles.
+- unact.py (with unact_run.py): UnAct against SSD, LFSSD and class oracles.
+- _common.py: markdown tables and synthetic keys.
+Tests: tests/test_bench_fidelity.py, tests/test_bench_unact.py, tests/test_runstore.py.
 """
 
 from __future__ import annotations

@@ -1,1 +1,9 @@
-"""Views shaped for the Streamlit pages and their background jobs (no Streamlit import here)."""
+"""What the dashboard pages show, and their background jobs; no Streamlit import here (layer: top).
+
+- views.py: evidence rows, similar samples, `delete_and_measure`, training/deletion/evaluation jobs.
+- auditviews.py: read-only views of the audit log.
+- embeddings.py: the two UMAP maps of what a run remembers.
+- classforget_job.py: class unlearning as a background job.
+- jobs.py: a background job a UI polls.
+Tests: tests/test_views.py, tests/test_embeddings.py, tests/test_app*.py.
+"""

@@ -1,1 +1,7 @@
-"""Datasets: sources, stable sample ids, splits, image decoding."""
+"""Datasets (layer: bottom; docs/modules.md has the map).
+
+- datasets.py: the registry: uint8 images, labels, stable sample ids, splits.
+- images.py: decoding user images into uint8 (H, W, C).
+- sampling.py: seeded subsets (stratified sample, random fraction of ids).
+Tests: tests/test_data.py, tests/test_images.py, tests/test_forget.py.
+"""

@@ -1,1 +1,10 @@
-"""Metrics, membership-inference attacks, retrained oracles and checkpoint selection."""
+"""Measurements (layer: above run; docs/modules.md has the map).
+
+- metrics.py: accuracy, the cheap MIA AUC, Ps, Avg Gap.
+- evaluate.py: a loaded run's TA, RA, FA, MIA, Ps; a request's FA and MIA.
+- mia.py: the cheap and the RMIA-style strong membership attacks.
+- oracles.py: retrained oracles and the measurements compared against them.
+- selection.py: checkpoint selection (`munkey select`).
+Tests: tests/test_metrics.py, tests/test_service.py, tests/test_mia.py, tests/test_oracles.py,
+tests/test_selection.py.
+"""

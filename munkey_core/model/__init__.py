@@ -1,1 +1,7 @@
-"""The MUNKEY ViT, its inference (ensemble and fusions) and the plain classifiers."""
+"""Networks and retrieval inference (layer: bottom; docs/modules.md has the map).
+
+- munkey_vit.py: the MUNKEY ViT (exemplar token, null tokens, late injection).
+- predict.py: K nearest keys -> ensemble or fusion -> prediction with evidence.
+- classifiers.py: ResNet-18 and plain ViT for the post-hoc methods.
+Tests: tests/test_model.py, tests/test_late.py, tests/test_perf_late.py.
+"""

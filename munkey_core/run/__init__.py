@@ -1,1 +1,9 @@
-"""A run directory: paths, atomic writes, the run lock, checkpoint row files, classifier runs."""
+"""The run directory and the run interface (layer: above data/keys/model/bank; docs/modules.md).
+
+- paths.py: the layout (`RunPaths`), opening and creating a run directory, config and forgotten.json.
+- rows.py: the bank's and the checkpoints' row files, purge in place, format-1 migration.
+- lock.py: the inter-process run lock and the crash-point test hook.
+- loaded.py: the run interface every layer above works with (`LoadedRun`, `LoadedMunkeyRun`,
+  `ClassifierRun`, `DeletionTarget`, `load_run`).
+Tests: tests/test_runstore.py, tests/test_atomicity.py, tests/test_service.py.
+"""
