@@ -8,8 +8,9 @@ and write them under docs/ when asked to.
 - perf.py (with forget_storage.py): deletion, forget requests, search, inference, training, memory.
 - fidelity.py (with fidelity_run.py): random forgetting against retrained oracles.
 - unact.py (with unact_run.py): UnAct against SSD, LFSSD and class oracles.
+- ulira.py (with ulira_run.py): a per-example unlearning attack (U-LiRA style).
 - _common.py: markdown tables and synthetic keys.
-Tests: tests/test_bench_fidelity.py, tests/test_bench_unact.py, tests/test_runstore.py.
+Tests: tests/test_bench_fidelity.py, tests/test_bench_unact.py, tests/test_ulira.py, tests/test_runstore.py.
 """
 
 from __future__ import annotations
