@@ -521,13 +521,34 @@ def test_failed_credentials_are_logged_and_slowed(caplog) -> None:
     assert locked.check("s3cret", "s3cret")
 
 
-@pytest.mark.parametrize("page, button", [("pages/deletions.py", "delete"),
-                                          ("pages/class_unlearning.py", "train_resnet")])
-def test_write_actions_on_the_pages_go_through_the_credential_gate(page: str, button: str) -> None:
-    text = (REPO / page).read_text()
-    assert "credential_gate.check(" in text and "check_credential(" not in text
-    common = (REPO / "pages" / "_common.py").read_text()
-    assert 'key="train_start", disabled=token is not None and not credential_gate.check(' in common
+def test_a_viewer_cannot_start_training_from_the_dashboard(tmp_path: Path, tiny_run: Path, monkeypatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    token = "correct horse battery staple"
+    monkeypatch.setenv("MUNKEY_OPERATOR_TOKEN", token)
+    monkeypatch.delenv("MUNKEY_AUTOTRAIN", raising=False)
+    monkeypatch.setenv("MUNKEY_PROFILE", "tiny")
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("MUNKEY_RUN", str(fresh))
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=60).run()
+    assert at.title[0].value == "No MUNKEY run yet"
+    assert at.button(key="train_start").disabled  # a credential is configured: training needs it
+    time.sleep(1.0)
+    at.run()
+    assert not fresh.exists()  # nothing was started by a viewer's visit
+    at.text_input(key="train_credential").input("a guess").run()
+    assert at.button(key="train_start").disabled
+    at.text_input(key="train_credential").input(token).run()
+    assert not at.button(key="train_start").disabled
+    # the class page: training a ResNet-18 beside the run writes a run folder, so it needs the credential
+    monkeypatch.setenv("MUNKEY_RUN", str(tiny_run))
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=60).run()
+    at.switch_page("pages/class_unlearning.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.button(key="train_resnet").disabled
+    at.text_input(key="resnet_credential").input(token).run()
+    assert not at.button(key="train_resnet").disabled
+    assert not (tiny_run.parent / f"{tiny_run.name}_resnet18").exists()
 
 
 # --------------------------------------------------------------------------- 7. reads during an evaluation
