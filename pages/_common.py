@@ -170,8 +170,8 @@ def decoded_uploads(files) -> list[tuple[str, object]]:
 
 
 def fmt(value, digits: int = 2, suffix: str = "") -> str:
-    """A number for display; em dash for None."""
-    if value is None:
+    """A number for display; em dash for None or NaN (never "nan" or "None" on a page)."""
+    if value is None or (isinstance(value, float) and value != value):
         return "—"
     return f"{value:.{digits}f}{suffix}"
 
@@ -188,3 +188,27 @@ def thumbnail_grid(run: MunkeyRun, ids: Sequence[int], *, size: int, per_row: in
                                     labels[start:start + per_row]):
             col.image(display_image(img, size), width=size)
             col.caption(caption(int(i), names[int(lab)]))
+
+
+@st.cache_resource(max_entries=2, show_spinner="Indexing the training images for copy search (once per run)...")
+def _copy_index(path: str, train_size: int):
+    from munkey_core.dashboard.trust import copy_index
+
+    return copy_index(get_run())
+
+
+def copy_index_for(run: MunkeyRun):
+    """The run's near-duplicate index (trust.copy_index), built and calibrated once per run."""
+    return _copy_index(str(run.paths.root), len(run.dataset.train))
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _similarity_calibration(path: str, bank_size: int):
+    from munkey_core.dashboard.trust import similarity_calibration
+
+    return similarity_calibration(get_run())
+
+
+def similarity_calibration_for(run: MunkeyRun):
+    """The run's out-of-distribution threshold (trust.similarity_calibration), per bank size."""
+    return _similarity_calibration(str(run.paths.root), len(run.bank))

@@ -60,7 +60,8 @@ if up is not None:
     with user_errors():
         res = check_receipt_bytes(run, up.getvalue(), up.name)
         if res["ok"]:
-            st.success(f"Receipt valid: {res['message']}.", icon=":material/verified:")
+            detail = res["message"].removeprefix("valid:").strip()  # the checker's message may repeat the word
+            st.success(f"Receipt valid: {detail}." if detail else "Receipt valid.", icon=":material/verified:")
         else:
             st.error(f"Receipt INVALID: {res['message']}.", icon=":material/gpp_bad:")
         st.dataframe(pd.DataFrame(res["checks"]), hide_index=True)

@@ -15,10 +15,14 @@ import streamlit as st
 
 from munkey_core.dashboard.auditviews import refuse_unauthorised
 from munkey_core.forget.ids import parse_ids
-from munkey_core.dashboard.views import (DeletionJob, classify_ids, credential_gate, ids_from_bytes, metrics_table,
-                               similar_training_samples)
-from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, decoded_uploads, fmt, require_run, thumbnail_grid,
-                           user_errors)
+import hashlib
+
+from munkey_core.dashboard.trust import find_copies
+from munkey_core.dashboard.views import (DeletionJob, classify_ids, credential_gate, display_image, ids_from_bytes,
+                                         metrics_table, similar_training_samples, training_images, unknown_ids_message)
+from munkey_core.eval.verdicts import FORGOTTEN, NOT_YET
+from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, copy_index_for, decoded_uploads, fmt,
+                           require_run, thumbnail_grid, user_errors)
 
 PREVIEW_MAX = 24
 PER_ROW = 8
@@ -27,24 +31,44 @@ run = require_run()
 names = run.class_names
 
 
+VERDICT_STYLE = {FORGOTTEN: (st.success, ":material/check_circle:"), NOT_YET: (st.error, ":material/warning:")}
+
+
+def show_verdicts(assessment: dict | None) -> None:
+    """Each forgetting number against its target, with its verdict in words (eval/verdicts.py)."""
+    if not assessment:
+        st.warning("Forgetting was not measured for this request: cannot tell whether it is forgotten.",
+                   icon=":material/help:")
+        return
+    word = assessment["overall"]
+    show, icon = VERDICT_STYLE.get(word, (st.warning, ":material/help:"))
+    show(f"Verdict: **{word}**. " + " ".join(v["reason"] for v in assessment["verdicts"]), icon=icon)
+    st.dataframe(pd.DataFrame([{
+        "measure": v["metric"], "value": fmt(v["value"], 1, " %"), "target": fmt(v["target"], 1, " %") + " " + v["target_label"],
+        "95 % interval": "—" if not v["interval"] else f"{v['interval'][0]:.1f}-{v['interval'][1]:.1f} %",
+        "samples": fmt(v["n"], 0), "verdict": v["verdict"]} for v in assessment["verdicts"]]), hide_index=True)
+
+
 def show_summary(summary: dict) -> None:
     """Before/after metrics, the retrieval check and the JSON download of a finished deletion."""
     st.subheader("Result of the last deletion")
     n_del = len(summary["deleted"])
-    st.success(f"Deleted {n_del} training sample(s) in {1000 * summary['delete_seconds']:.1f} ms; the memory "
+    st.info(f"Deleted {n_del} training sample(s) in {1000 * summary['delete_seconds']:.1f} ms; the memory "
                f"bank went from {summary['bank_size_before']} to {summary['bank_size_after']} entries."
                + (f" {len(summary['already_deleted'])} id(s) had been deleted by an earlier request."
-                  if summary["already_deleted"] else ""), icon=":material/check_circle:")
+                  if summary["already_deleted"] else ""), icon=":material/delete:")
     table = pd.DataFrame(metrics_table(summary["metrics_before"], summary["metrics_after"]))
     for col in ("before", "after", "change"):
         table[col] = [fmt(v, 3 if m == "Ps" else 2) for v, m in zip(table[col], table["metric"])]
+    table.loc[table["metric"] == "MIA", "before"] = "not defined before a deletion"
+    show_verdicts(summary.get("assessment"))
     st.dataframe(table, hide_index=True)
     fa_req = summary.get("FA_this_request_after")
     st.caption(
         f"TA, RA, Ps before: {summary['before_source']}. FA before = accuracy on this request's samples while "
-        f"still in the bank. FA and MIA after cover all {summary.get('n_forget_after')} samples deleted so far"
+        f"still in the bank. FA and MIA after cover all {fmt(summary.get('n_forget_after'), 0)} samples deleted so far"
         + (f" (on this request's samples alone, FA after = {fmt(fa_req)} %)" if fa_req is not None else "")
-        + f". MIA: {summary.get('MIA_attack')}; 50 = indistinguishable from unseen test data.")
+        + f". MIA: {summary.get('MIA_attack') or 'not measured'}; 50 = indistinguishable from unseen test data.")
     check = summary["retrieval_check"]
     if check["ok"]:
         st.success(f"Retrieval check passed: searching the bank with the {check['ids_checked']} deleted samples' "
@@ -85,11 +109,14 @@ def _deletion_progress(job: DeletionJob) -> None:
 # A deletion finished in the background: keep its summary, drop the job (before anything is drawn, so the
 # preview below already reflects the bank as it is now).
 collect_finished_job(JOB_KEY, "deletion_summary", "summary")
+job_running = st.session_state.get(JOB_KEY) is not None and st.session_state[JOB_KEY].state == "running"
 
 st.title("Deletion requests")
 st.write("Select the training samples a request names, check them, and delete them from the model's memory. "
          "Deletion removes each sample's key and exemplar from the bank and from every checkpoint: no "
          "retraining, and the deleted samples can no longer be retrieved as evidence.")
+if job_running:  # at the top, where the operator is looking
+    _deletion_progress(st.session_state[JOB_KEY])
 
 # A selection made on the Embeddings page arrives as a pre-filled list of ids.
 prefill = st.session_state.pop("deletion_ids_prefill", None)
@@ -114,36 +141,70 @@ elif method == "Upload an ids file":
         with user_errors():
             ids = ids_from_bytes(f.getvalue(), f.name)
 else:
-    imgs = st.file_uploader("Image(s) of the person or object (PNG, JPEG, BMP, TIFF or NPY)",
+    imgs = st.file_uploader("Image(s) of the person or object (PNG, JPEG, BMP, TIFF or NPY; any size)",
                             type=IMAGE_TYPES, accept_multiple_files=True,
                             key="query_images", help="Processed in memory and never written to disk.")
     top_n = st.number_input("How many of the most similar training samples", 1, max(1, len(run.bank)),
                             min(10, max(1, len(run.bank))), key="top_n")
-    decoded = [img for _, img in decoded_uploads(imgs)]
+    decoded = decoded_uploads(imgs)
     if decoded:
         with user_errors():
-            similar_rows = similar_training_samples(run, decoded, int(top_n))
+            index = copy_index_for(run)
+            images = [img for _, img in decoded]
+            copies = find_copies(run, index, images, top=1)
+            similar_rows = similar_training_samples(run, images, int(top_n), copies=index)
+            for (name, img), found in zip(decoded, copies):
+                cols = st.columns([1, 5])
+                cols[0].image(display_image(img, 96), caption=f"your image: {name}", width=96)
+                if found["found"]:
+                    cols[1].success(found["message"], icon=":material/content_copy:")
+                else:
+                    cols[1].info(found["message"], icon=":material/search_off:")
         if similar_rows:
-            st.caption("Ranked by key similarity (cosine) to the closest uploaded image; untick to leave out.")
-            found = [r["id"] for r in similar_rows]
-            ids = st.multiselect("Samples to delete", found, default=found, key="similar_pick",
-                                 format_func=lambda i: f"{i} (sim {next(r['similarity'] for r in similar_rows if r['id'] == i):.3f})")
+            st.caption("Candidates: an exact or near-duplicate copy of an uploaded image first, then the most similar "
+                       "training samples by key (cosine). Untick the ones the request does not name.")
+            pics = training_images(run, [r["id"] for r in similar_rows])
+            for start in range(0, len(similar_rows), PER_ROW):
+                cols = st.columns(PER_ROW)
+                for col, r, pic in zip(cols, similar_rows[start:start + PER_ROW], pics[start:start + PER_ROW]):
+                    col.image(display_image(pic, 64), width=64)
+                    col.caption(f"**id {r['id']}** · {r['label_name']}  \n"
+                                + (f"copy ({r['copy_score']:.3f})" if r["copy"] else f"similar ({r['similarity']:.2f})"))
+            found_ids = [r["id"] for r in similar_rows]
+            copy_ids = [r["id"] for r in similar_rows if r["copy"]]
+            labels = {r["id"]: (f"{r['id']} (copy of your image, {r['copy_score']:.3f})" if r["copy"]
+                                else f"{r['id']} (similar, {r['similarity']:.2f})") for r in similar_rows}
+            if st.session_state.get("similar_pick_for") != found_ids:  # new candidates: preselect the copies only
+                st.session_state["similar_pick"] = copy_ids
+                st.session_state["similar_pick_for"] = found_ids
+            ids = st.multiselect("Samples to delete (the exact copies are preselected)", found_ids,
+                                 key="similar_pick", format_func=labels.get)
 
-groups = classify_ids(run, ids) if ids else {"in_bank": [], "already_deleted": [], "unknown": []}
+# Unknown ids can be dropped here instead of editing the file; what was dropped is remembered per selection.
+raw_sig = hashlib.sha256(repr(ids).encode()).hexdigest()[:16]
+if ids and st.session_state.get("drop_unknown_for") == raw_sig:
+    dropped = classify_ids(run, ids)["unknown"]
+    ids = [i for i in ids if i not in set(dropped)]
+    st.caption(f"{len(dropped)} id(s) that cannot be deleted were dropped from this request: "
+               + ", ".join(map(str, dropped[:20])) + (" ..." if len(dropped) > 20 else ""))
+
+groups = classify_ids(run, ids) if ids else {"in_bank": [], "already_deleted": [], "unknown": [], "other_split": {}}
 if ids:
     st.subheader("Preview")
     c = st.columns(3)
     c[0].metric("In the memory bank", len(groups["in_bank"]))
     c[1].metric("Deleted earlier", len(groups["already_deleted"]))
-    c[2].metric("Unknown ids", len(groups["unknown"]))
+    c[2].metric("Cannot be deleted", len(groups["unknown"]))
     if groups["unknown"]:
-        shown = ", ".join(map(str, groups["unknown"][:10])) + (" ..." if len(groups["unknown"]) > 10 else "")
-        st.error(f"{len(groups['unknown'])} id(s) are not training samples of this run: {shown}. A request with "
-                 "unknown ids is refused as a whole; remove them to continue.", icon=":material/error:")
+        st.error(unknown_ids_message(groups), icon=":material/error:")
+        if st.button(f"Drop the {len(groups['unknown'])} id(s) that cannot be deleted", key="drop_unknown",
+                     icon=":material/remove_circle:"):
+            st.session_state["drop_unknown_for"] = raw_sig
+            st.rerun()
     preview = groups["in_bank"][:PREVIEW_MAX]
     if preview:
         with user_errors():
-            thumbnail_grid(run, preview, size=64, per_row=PER_ROW, caption=lambda i, name: f"id {i} · label {name}")
+            thumbnail_grid(run, preview, size=64, per_row=PER_ROW, caption=lambda i, name: f"id {i} · {name}")
         if len(groups["in_bank"]) > PREVIEW_MAX:
             st.caption(f"Showing {PREVIEW_MAX} of {len(groups['in_bank'])} samples.")
 
@@ -161,13 +222,23 @@ authorised = credential_gate.check(given, token, who="deletion page")
 if token is not None and given and not authorised:
     st.warning("That credential is not accepted. You can preview, but not delete.", icon=":material/lock:")
 n = len(groups["in_bank"])
-ready = authorised and n > 0 and not groups["unknown"] and bool(operator.strip())
-if authorised and n > 0 and not operator.strip():
+ready = authorised and n > 0 and not groups["unknown"] and bool(operator.strip()) and not job_running
+if job_running:
+    st.info("A deletion is running (progress at the top of the page). Delete is locked until it ends.",
+            icon=":material/hourglass_top:")
+elif authorised and n > 0 and not operator.strip():
     st.info("Enter the operator's name to enable deletion.", icon=":material/badge:")
+# The confirmation belongs to one selection and one request: unticked whenever the selected ids change
+# (or the operator) and after every request.
+confirm_sig = repr((sorted(groups["in_bank"]), operator.strip()))
+if st.session_state.get("confirm_for") != confirm_sig:
+    st.session_state["confirm"] = False
+st.session_state["confirm_for"] = confirm_sig
 confirm = st.checkbox(f"I confirm the deletion of {n} training sample(s). This cannot be undone.",
                       key="confirm", disabled=not ready)
 if st.button(f"Delete {n} sample(s)", type="primary", key="delete", disabled=not (ready and confirm),
              icon=":material/delete_forever:"):
+    st.session_state["confirm_for"] = None  # the next run unticks the confirmation
     if not credential_gate.check(given, configured_token(), who="deletion page"):  # re-checked at deletion
         rid = refuse_unauthorised(run, ids, operator.strip())
         st.error("Not authorised: the operator credential is missing or wrong. Nothing was deleted"
@@ -180,7 +251,5 @@ if st.button(f"Delete {n} sample(s)", type="primary", key="delete", disabled=not
             job.start()
             st.rerun()
 
-if st.session_state.get(JOB_KEY) is not None and st.session_state[JOB_KEY].state == "running":
-    _deletion_progress(st.session_state[JOB_KEY])
-elif "deletion_summary" in st.session_state:
+if not job_running and "deletion_summary" in st.session_state:
     show_summary(st.session_state["deletion_summary"])

@@ -9,7 +9,9 @@ import streamlit as st
 
 from munkey_core.model.predict import MODES
 from munkey_core.dashboard.views import display_image, evidence_rows, predict_test_sample, training_images
-from pages._common import IMAGE_TYPES, decoded_uploads, require_run, user_errors
+from munkey_core.dashboard.trust import assess_evidence, find_copies
+from pages._common import (IMAGE_TYPES, copy_index_for, decoded_uploads, require_run, similarity_calibration_for,
+                           user_errors)
 
 MODE_LABELS = {"ensemble": "Ensemble (default: K forwards, weighted)",
                "softmax_fusion": "Softmax fusion (one forward, weighted mean exemplar)",
@@ -21,7 +23,8 @@ names = run.class_names
 
 st.title("Case evidence")
 st.write("For an image, the model retrieves the K most similar training cases from its memory bank and "
-         "combines their contributions. Every prediction below names those cases.")
+         "combines them into its answer. Every answer below shows those cases; an uploaded image is also checked "
+         "against every training image, at any size, to say whether it is a copy of one.")
 
 with st.sidebar:
     mode = st.selectbox("Aggregation", MODES, format_func=MODE_LABELS.get, key="mode")
@@ -31,42 +34,67 @@ with st.sidebar:
 source = st.radio("Query", ["Upload images", "Test sample"], horizontal=True, key="source")
 
 
-def show_prediction(title: str, image, preds, i: int, true_label: int | None = None) -> None:
-    """One query: its image, the prediction, the gallery of retrieved cases, their contributions."""
+def show_copy(image, found: dict) -> None:
+    """Whether the upload is a copy of a training image: the verdict in words, the query beside the match."""
+    best = found["matches"][0] if found["matches"] else None
+    if found["found"]:
+        st.success(found["message"], icon=":material/content_copy:")
+    else:
+        st.info(found["message"], icon=":material/search_off:")
+    if best is None:
+        return
+    cols = st.columns([1, 1, 4])
+    cols[0].image(display_image(image, 112), caption="your image", width=112)
+    cols[1].image(display_image(training_images(run, [best["id"]])[0], 112), width=112,
+                  caption=f"training id {best['id']} · {best['label_name']} · similarity {best['score']:.3f}")
+
+
+def show_prediction(title: str, image, preds, i: int, true_label: int | None = None, found: dict | None = None) -> None:
+    """One query: its image, the prediction (or an abstention), the retrieved cases in plain words."""
     rows = evidence_rows(run, preds, i)
     predicted = int(preds.labels[i])
+    info = assess_evidence(preds, i, names, similarity_calibration_for(run))
     st.subheader(title)
+    if found is not None:
+        show_copy(image, found)
     left, right = st.columns([1, 3])
     left.image(display_image(image, 128), caption="query", width=128)
     with right:
+        for w in info["warnings"]:
+            st.warning(w, icon=":material/warning:")
+        show = not info["abstain"] or st.checkbox("Show the model's answer anyway", key=f"show_anyway_{title}")
         c = st.columns(3)
-        c[0].metric("Prediction", names[predicted])
-        c[1].metric("Confidence", f"{100 * float(preds.confidence[i]):.1f} %")
+        if show:
+            c[0].metric("Prediction", names[predicted])
+            c[1].metric("Confidence", f"{100 * float(preds.confidence[i]):.1f} %", help=info["confidence_note"])
+        else:
+            c[0].metric("Prediction", "no confident answer")
+            c[1].metric("Similar cases that agree", f"{info['agree']} of {info['k']}")
         if true_label is not None:
-            c[2].metric("True label", names[true_label],
-                        delta="correct" if true_label == predicted else "wrong",
-                        delta_color="normal" if true_label == predicted else "inverse")
-        support = sum(r["weight"] for r in rows if r["supports_prediction"])
-        st.caption(f"{sum(r['supports_prediction'] for r in rows)} of {len(rows)} retrieved cases vote for "
-                   f"{names[predicted]}, carrying {100 * support:.0f}% of the weight ({preds.mode}).")
+            c[2].metric("True label", names[true_label])
+            c[2].caption("The prediction is correct." if true_label == predicted else
+                         f"The prediction ({names[predicted]}) is wrong.")
+        st.markdown(f"**{info['summary']}.**")
+        st.caption(info["confidence_note"])
     imgs = training_images(run, [r["id"] for r in rows])
-    st.markdown("**Retrieved training cases**, most similar first")
+    st.markdown("**Similar training cases**, most similar first")
     for start in range(0, len(rows), PER_ROW):
         cols = st.columns(PER_ROW)
         for col, r, img in zip(cols, rows[start:start + PER_ROW], imgs[start:start + PER_ROW]):
             col.image(display_image(img, 64), width=64)
-            col.caption(f"**id {r['id']}** · label {r['label_name']}  \nsim {r['similarity']:.3f}  \n"
-                        f"weight {r['weight']:.3f}  \n"
-                        f"votes {r['votes_for_name'] if r['votes_for_name'] is not None else '—'}")
-    df = pd.DataFrame(rows)
-    df["case"] = [f"#{r['rank']} id {r['id']}" for r in rows]
-    df["vote"] = ["for " + names[predicted] if s else "for another class" for s in df["supports_prediction"]]
-    fig = px.bar(df, x="case", y="weight", color="vote", title="Contribution of each retrieved case (weight)",
-                 color_discrete_map={"for " + names[predicted]: "#2f6f8f", "for another class": "#d08c60"},
-                 hover_data=["label_name", "similarity", "votes_for_name"])
-    fig.update_xaxes(categoryorder="array", categoryarray=list(df["case"]), title=None)
-    st.plotly_chart(fig, key=f"contrib_{title}")
-    with st.expander("Evidence table"):
+            col.caption(f"**{r['label_name']}** · {100 * r['weight']:.0f}% of the answer  \nsimilarity {r['similarity']:.2f}")
+    with st.expander("Expert view: ids, weights and votes"):
+        df = pd.DataFrame(rows)
+        df["case"] = [f"#{r['rank']} id {r['id']}" for r in rows]
+        df["vote"] = ["for " + names[predicted] if s else "for another class" for s in df["supports_prediction"]]
+        df["votes_for_name"] = df["votes_for_name"].fillna("—")
+        fig = px.bar(df, x="case", y="weight", color="vote", title="Share of the answer from each similar case (weight)",
+                     color_discrete_map={"for " + names[predicted]: "#2f6f8f", "for another class": "#d08c60"},
+                     hover_data=["label_name", "similarity", "votes_for_name"])
+        fig.update_xaxes(categoryorder="array", categoryarray=list(df["case"]), title=None)
+        st.plotly_chart(fig, key=f"contrib_{title}")
+        st.caption("weight: the share of the answer that comes from the case (softmax of similarity / tau; rank-based in "
+                   "rank fusion). vote: the class the model gives when it looks at the image with that case alone.")
         st.dataframe(df[["rank", "id", "label_name", "similarity", "weight", "votes_for_name",
                          "supports_prediction"]], hide_index=True)
 
@@ -82,8 +110,9 @@ if source == "Upload images":
     if images:
         with user_errors():
             preds = run.predict_images(images, k=k, mode=mode)
+            copies = find_copies(run, copy_index_for(run), images)
             for i, (title, img) in enumerate(zip(titles, images)):
-                show_prediction(title, img, preds, i)
+                show_prediction(title, img, preds, i, found=copies[i])
 else:
     n_test = len(run.dataset.test)
     index = st.number_input(f"Test sample index (0 to {n_test - 1})", 0, n_test - 1, 0, step=1, key="test_index")

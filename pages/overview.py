@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from munkey_core.dashboard.views import EvaluationJob, latest_metrics
+from munkey_core.dashboard.views import EvaluationJob, forgetting_assessment, latest_metrics
 from pages._common import collect_finished_job, fmt, require_run
 
 run = require_run()
@@ -40,6 +40,12 @@ def _eval_progress(job: EvaluationJob) -> None:
         st.rerun(scope="app")
 
 
+@st.cache_data(max_entries=8, show_spinner="Measuring the targets of FA and MIA...")
+def _assessment(path: str, bank_size: int, deleted: int, after: tuple) -> dict:
+    # FA's target (unseen samples of the deleted samples' classes) needs one pass over the test set
+    return forgetting_assessment(run, dict(after), run.forgotten_ids)
+
+
 session_eval = st.session_state.get("overview_eval")
 if session_eval is not None and session_eval.get("bank_size") != len(run.bank):
     session_eval = None
@@ -57,10 +63,18 @@ else:
     c[4].metric("Ps (pathway balance)", fmt(last.get("Ps"), 3), help="|A_img - A_tok| / A_both; lower is "
                 "more balanced, the paper selects models with Ps <= 0.3.")
     current = latest_metrics(run, current_only=True) is not None
-    st.caption(f"Measured {last.get('time')} on {last.get('n_test')} test, {last.get('n_retain')} retained and "
-               f"{last.get('n_forget')} deleted samples; MIA attack: {last.get('MIA_attack')}."
+    when = f"Measured {last['time']}" if last.get("time") else "Measured in this session"
+    st.caption(f"{when} on {fmt(last.get('n_test'), 0)} test, {fmt(last.get('n_retain'), 0)} retained and "
+               f"{fmt(last.get('n_forget'), 0)} deleted samples; MIA attack: {last.get('MIA_attack') or 'not measured'}."
                + (" Evaluated in this session, not recorded in the run." if session_eval is not None else
                   "" if current else " The bank has changed since: evaluate again for current numbers."))
+
+    if last.get("FA") is not None or last.get("MIA") is not None:
+        a = _assessment(str(run.paths.root), len(run.bank), len(run.forgotten_ids),
+                        tuple(sorted((k, v) for k, v in last.items() if k in ("FA", "MIA", "n_forget", "n_test"))))
+        show = {"forgotten": st.success, "not yet": st.error}.get(a["overall"], st.warning)
+        show(f"Forgetting verdict: **{a['overall']}**. " + " ".join(v["reason"] for v in a["verdicts"]),
+             icon=":material/balance:")
 
 _job = st.session_state.get(EVAL_JOB)
 if _job is not None and _job.state == "running":

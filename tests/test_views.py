@@ -87,7 +87,7 @@ def test_similar_training_samples_finds_the_sample_itself(shared_run: MunkeyRun)
 def test_classify_ids(shared_run: MunkeyRun) -> None:
     in_bank = [int(i) for i in shared_run.bank.ids[:2]]
     groups = views.classify_ids(shared_run, [*in_bank, 10**9, in_bank[0]])
-    assert groups == {"in_bank": in_bank, "already_deleted": [], "unknown": [10**9]}
+    assert groups == {"in_bank": in_bank, "already_deleted": [], "unknown": [10**9], "other_split": {}}
 
 
 def test_delete_and_measure_deletes_and_reports(tiny_run: Path) -> None:

@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "unact": ".unact",
     "fidelity": ".fidelity",
     "ulira": ".ulira",
+    "duplicates": ".duplicates",
 }
 
 

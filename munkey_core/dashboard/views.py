@@ -26,14 +26,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from munkey_core.errors import MunkeyError
+from munkey_core.eval.verdicts import class_matched_accuracy, forgetting_verdicts
+from munkey_core.eval.verdicts import overall as overall_verdict
 from munkey_core.dashboard.jobs import BackgroundJob, ProgressJob
 from munkey_core.model.predict import Predictions
 from munkey_core.service import MunkeyRun, Progress, train_run
+
+if TYPE_CHECKING:
+    from munkey_core.data.duplicates import NearDuplicateIndex
 from munkey_core.forget.ids import ids_from_bytes  # noqa: F401  (re-exported for the pages)
 
 METRIC_NAMES = ("TA", "RA", "FA", "MIA", "Ps")
@@ -108,10 +113,16 @@ def evidence_rows(run: MunkeyRun, preds: Predictions, i: int = 0) -> list[dict]:
 # --------------------------------------------------------------------------- selecting samples
 
 
-def similar_training_samples(run: MunkeyRun, images: Sequence[np.ndarray], n: int = 10) -> list[dict]:
-    """The `n` training samples still in the bank whose keys are most similar to any of `images`
-    ("find this person's images"). Each row: id, label, label_name, similarity (best over the
-    queries), query (index of the best-matching image). Cost: one encoder pass, one bank search."""
+def similar_training_samples(run: MunkeyRun, images: Sequence[np.ndarray], n: int = 10,
+                             copies: "NearDuplicateIndex | None" = None) -> list[dict]:
+    """The `n` training samples still in the bank most similar to any of `images` ("find this
+    person's images"). With `copies` (trust.copy_index), a training image an upload is a copy of
+    (resized, re-encoded, lightly cropped) comes first, whatever its key similarity.
+
+    Each row: id, label, label_name, similarity (key cosine, best over the queries), query (index of
+    the best-matching image), copy (True for an exact/near-duplicate copy), copy_score (pixel
+    similarity of a copy, else None). Cost: one encoder pass, one bank search, one copy search per image.
+    """
     if n < 1:
         raise MunkeyError(f"The number of similar samples must be at least 1 (got {n}).")
     batch = run.prepare_images(images)
@@ -123,22 +134,70 @@ def similar_training_samples(run: MunkeyRun, images: Sequence[np.ndarray], n: in
         for j in range(ids.shape[1]):
             sid, s = int(ids[q, j]), float(sims[q, j])
             if sid not in best or s > best[sid]["similarity"]:
-                best[sid] = {"id": sid, "label": int(labels[q, j]), "similarity": s, "query": q}
+                best[sid] = {"id": sid, "label": int(labels[q, j]), "similarity": s, "query": q,
+                             "copy": False, "copy_score": None}
+    if copies is not None:
+        from munkey_core.dashboard.trust import find_copies
+
+        for q, found in enumerate(find_copies(run, copies, list(images), top=1)):
+            if not (found["found"] and found["in_bank"]):
+                continue
+            sid = int(found["id"])
+            with run.lock:
+                row = int(run.bank.rows_of([sid])[0])
+                key_sim = float(run.bank.keys[row].cpu().numpy() @ keys[q])
+                label = int(run.bank.labels[row])
+            prev = best.get(sid)
+            if prev is None or not prev["copy"] or found["score"] > prev["copy_score"]:
+                best[sid] = {"id": sid, "label": label, "similarity": max(key_sim, prev["similarity"] if prev else -1.0),
+                             "query": q, "copy": True, "copy_score": float(found["score"])}
     names = run.class_names
-    out = sorted(best.values(), key=lambda r: (-r["similarity"], r["id"]))[:n]
+    out = sorted(best.values(), key=lambda r: (not r["copy"], -(r["copy_score"] or 0.0), -r["similarity"], r["id"]))[:n]
     for r in out:
         r["label_name"] = names[r["label"]]
     return out
 
 
-def classify_ids(run: MunkeyRun, ids: Sequence[int]) -> dict[str, list[int]]:
+def classify_ids(run: MunkeyRun, ids: Sequence[int]) -> dict:
     """Split requested ids into those in the bank, those deleted earlier, and unknown ones (an unknown
-    id makes `forget` refuse the whole request)."""
+    id makes `forget` refuse the whole request). `other_split` names the split of each unknown id that
+    is a validation or test sample (not a training sample, so nothing to delete)."""
     done = set(run.forgotten_ids)
-    out: dict[str, list[int]] = {"in_bank": [], "already_deleted": [], "unknown": []}
+    out: dict = {"in_bank": [], "already_deleted": [], "unknown": [], "other_split": {}}
     for i in dict.fromkeys(int(x) for x in ids):
         out["already_deleted" if i in done else "in_bank" if i in run.bank else "unknown"].append(i)
+    if out["unknown"]:
+        ds = run.dataset
+        for split in ("val", "test", "train"):
+            try:
+                sids = ds.split(split).ids
+            except MunkeyError:
+                continue
+            hit = np.asarray(out["unknown"], np.int64)[np.isin(out["unknown"], sids)]
+            for i in hit:
+                out["other_split"].setdefault(int(i), split)
     return out
+
+
+def unknown_ids_message(groups: dict, limit: int = 10) -> str:
+    """Plain words for the unknown ids of `classify_ids`: which are test/validation samples, which are
+    no sample of this run at all ("train" means a training sample the bank does not hold any more)."""
+    unknown = groups["unknown"]
+    where = groups.get("other_split", {})
+    named = {"val": "the validation split", "test": "the test split",
+             "train": "the training split, but not in the memory bank (removed outside a deletion request)"}
+    parts = []
+    for split in ("test", "val", "train"):
+        ids = [i for i in unknown if where.get(i) == split]
+        if ids:
+            shown = ", ".join(map(str, ids[:limit])) + (" ..." if len(ids) > limit else "")
+            parts.append(f"{shown} {'is' if len(ids) == 1 else 'are'} in {named[split]}")
+    rest = [i for i in unknown if i not in where]
+    if rest:
+        shown = ", ".join(map(str, rest[:limit])) + (" ..." if len(rest) > limit else "")
+        parts.append(f"{shown} {'is' if len(rest) == 1 else 'are'} not a sample of this run's dataset")
+    return (f"{len(unknown)} id(s) cannot be deleted: " + "; ".join(parts) + ". Only training samples are in the "
+            "model's memory. A request with such ids is refused as a whole; drop them to continue.")
 
 
 # --------------------------------------------------------------------------- deletion
@@ -258,9 +317,36 @@ def delete_and_measure(run: MunkeyRun, ids: Sequence[int], *, operator: str, sub
         # the deleted samples vs unseen test samples of their own classes, and what that does not show
         "same_class": {k: ev.get(k) for k in ("TA_same_classes", "FA_minus_TA_same_classes", "difference_se",
                                               "TPR@1%", "TPR@0.1%", "same_class_note")},
+        "assessment": forgetting_assessment(run, after, run.forgotten_ids, max_samples=max_samples) if after else None,
         "request_id": res.request_id, "log_entry": res.entry_seq,
         "entry_hash": res.entry_hash, "receipt_json": res.receipt, "receipt_html": res.receipt_html,
     }
+
+
+def unseen_class_accuracy(run: MunkeyRun, forget_ids: Sequence[int], *, max_samples: int = 2000) -> float | None:
+    """FA's target: accuracy (percent) on unseen test samples of the deleted samples' classes (per class,
+    weighted by the deleted samples' class counts), with the current bank. One pass over <= max_samples
+    test images."""
+    if len(forget_ids) == 0:
+        return None
+    ds = run.dataset
+    idx = np.arange(len(ds.test))
+    if max_samples and len(idx) > max_samples:
+        idx = np.sort(np.random.default_rng(0).choice(idx, size=max_samples, replace=False))
+    preds = run.predict_prepared(ds.test.images[idx], run.split_keys("test")[idx], neighbour_predictions=False)
+    labels = ds.test.labels[idx]
+    forget_labels = ds.lookup([int(i) for i in forget_ids]).labels
+    return class_matched_accuracy(labels, preds.labels == labels, forget_labels)
+
+
+def forgetting_assessment(run: MunkeyRun, after: dict, forget_ids: Sequence[int], *,
+                          max_samples: int = 2000) -> dict:
+    """Verdicts (eval/verdicts.py) for an evaluation's FA and MIA over the deleted samples `forget_ids`:
+    FA against the unseen-sample accuracy of the same classes, MIA against 50. {"verdicts", "overall"}."""
+    target = unseen_class_accuracy(run, forget_ids, max_samples=max_samples) if after.get("FA") is not None else None
+    vs = forgetting_verdicts(after, fa_target=target,
+                             fa_target_label="(accuracy on unseen test samples of the same classes)")
+    return {"verdicts": vs, "overall": overall_verdict(vs)}
 
 
 def _metric_subset(m: dict) -> dict:

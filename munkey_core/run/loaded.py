@@ -39,7 +39,7 @@ from munkey_core.atomic import atomic_write_json, read_json
 from munkey_core.bank.memory import MemoryBank
 from munkey_core.config import ModelConfig, TrainConfig, from_dict, resolve_device
 from munkey_core.data import datasets as data_mod
-from munkey_core.data.images import match_channels, resize_to
+from munkey_core.data.duplicates import to_native
 from munkey_core.errors import MunkeyError
 from munkey_core.keys import encoders as keys_mod
 from munkey_core.model.classifiers import ClassifierConfig, build_classifier, predict_labels
@@ -125,7 +125,8 @@ class LoadedRun:
         if len(images) == 0:
             raise MunkeyError("No image given; pass at least one PNG, JPEG or NPY file.")
         shape = tuple(self.config["image_shape"])
-        return np.stack([resize_to(match_channels(img, self.config["channels"]), shape) for img in images])
+        # area-averaged when shrinking: an enlarged copy of a training image gets (nearly) its key back
+        return np.stack([to_native(img, shape, self.config["channels"]) for img in images])
 
     def to_input(self, images_u8: np.ndarray) -> torch.Tensor:
         """Dataset-shaped uint8 images (B, H, W, C) -> the model's input tensor (B, C, S, S)."""

@@ -1,0 +1,102 @@
+"""`munkey bench duplicates`: near-duplicate recall@1 of copies of training images (data/duplicates.py).
+
+For each dataset: a seeded draw of `n` training images; each is transformed (enlarged 2x, 4x, 8x
+bicubic; JPEG quality 85 at native size; and, beyond the published goal, other interpolations,
+non-integer and shrinking factors, a light crop) and searched in the whole training split.
+recall@1: the top match is the image the copy was made from. "found": recall@1 *and* the score
+reaches the threshold calibrated on the validation split (the "exact match found" the dashboard
+shows). The calibration's own figures (best score of known non-copies) are printed too: the noise
+floor the threshold sits above.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+
+HELP = "near-duplicate recall@1 of resized / JPEG / cropped copies of training images"
+DEFAULT_TRANSFORMS = "bicubic2x,bicubic4x,bicubic8x,jpeg85"
+EXTRA_TRANSFORMS = "bilinear3x,nearest4x,lanczos1.5x,bicubic0.5x,bicubic6x+jpeg85,crop4%"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--datasets", default="digits,fashion-mnist,elpv", help="(default digits,fashion-mnist,elpv)")
+    p.add_argument("--transforms", default=DEFAULT_TRANSFORMS,
+                   help=f"comma-separated (default {DEFAULT_TRANSFORMS}; 'all' adds {EXTRA_TRANSFORMS})")
+    p.add_argument("--n", type=int, default=200, help="training images per dataset (default 200)")
+    p.add_argument("--calibrate", type=int, default=100, help="validation images for the threshold (default 100)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the Markdown table to this file")
+
+
+def transform(img: np.ndarray, kind: str, rng: np.random.Generator) -> np.ndarray:
+    """A copy of (H, W, C) uint8 `img`: '<interp><f>x' resizes by f, 'jpeg<q>' re-encodes, 'crop<p>%'
+    trims up to p % off each side (random) and enlarges 4x bicubic; '+' chains."""
+    from PIL import Image
+
+    from munkey_core.data.duplicates import _hwc, _pil
+
+    for part in kind.split("+"):
+        h, w = img.shape[:2]
+        if part.startswith("jpeg"):
+            buf = io.BytesIO()
+            _pil(img).save(buf, format="JPEG", quality=int(part[4:]))
+            img = _hwc(Image.open(io.BytesIO(buf.getvalue())))
+        elif part.startswith("crop"):
+            frac = float(part[4:].rstrip("%")) / 100
+            t, l, b, r = rng.integers(0, max(1, round(frac * h)) + 1, 4)
+            img = _hwc(_pil(img[t:h - b, l:w - r]).resize((4 * w, 4 * h), Image.Resampling.BICUBIC))
+        else:
+            name = part.rstrip("x").rstrip("0123456789.")
+            f = float(part[len(name):].rstrip("x"))
+            method = getattr(Image.Resampling, name.upper())
+            img = _hwc(_pil(img).resize((max(1, round(w * f)), max(1, round(h * f))), method))
+    return img
+
+
+def run(args: argparse.Namespace) -> int:
+    from munkey_core.data.datasets import load_dataset
+    from munkey_core.data.duplicates import NearDuplicateIndex
+
+    kinds = args.transforms.split(",") if args.transforms != "all" else \
+        (DEFAULT_TRANSFORMS + "," + EXTRA_TRANSFORMS).split(",")
+    lines = ["| dataset | train images | copy | recall@1 | found (>= threshold) | lowest own score | ms / search |",
+             "|---|---|---|---|---|---|---|"]
+    calib = ["| dataset | threshold | best non-copy score (max) | p99 | non-copy searches | index build s | calibration s |",
+             "|---|---|---|---|---|---|---|"]
+    for name in args.datasets.split(","):
+        ds = load_dataset(name, seed=0)
+        train = ds.train
+        t0 = time.perf_counter()
+        index = NearDuplicateIndex(train.images, train.ids)
+        t_build = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        index.calibrate(ds.split("val").images, n=args.calibrate, seed=args.seed)
+        t_cal = time.perf_counter() - t0
+        c = index.calibration or {}
+        calib.append(f"| {name} | {index.threshold:.4f} | {c.get('null_max', float('nan')):.4f} | "
+                     f"{c.get('null_p99', float('nan')):.4f} | {c.get('queries', 0)} | {t_build:.1f} | {t_cal:.1f} |")
+        print(calib[-1], flush=True)
+        rng = np.random.default_rng(args.seed)
+        pick = rng.choice(len(train), size=min(args.n, len(train)), replace=False)
+        for kind in kinds:
+            t0 = time.perf_counter()
+            hits = [index.search(transform(train.images[i], kind, rng), top=1)[0] for i in pick]
+            per = (time.perf_counter() - t0) / len(pick)
+            ok = np.array([h.position == i for h, i in zip(hits, pick)])
+            score = np.array([h.score for h in hits])
+            found = ok & (score >= index.threshold)
+            low = f"{score[ok].min():.4f}" if ok.any() else "—"
+            lines.append(f"| {name} | {len(train)} | {kind} | {ok.mean():.3f} ({ok.sum()}/{len(ok)}) | "
+                         f"{found.mean():.3f} | {low} | {1000 * per:.0f} |")
+            print(lines[-1], flush=True)
+    text = "\n".join(calib) + "\n\n" + "\n".join(lines) + "\n"
+    print()
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0

@@ -1,0 +1,126 @@
+"""Verdicts on forgetting: each number against its target, with an interval and a plain word.
+
+A forgetting number means nothing alone: FA = 100 % is fine when unseen samples of the same classes
+also score ~100 %, and alarming when they score 60 %. `verdict` puts a measured value next to its
+target (what a model that never saw the data gives) and a 95 % interval from the sample counts, and
+says one of three words:
+
+- "forgotten": the interval holds the target (or the value is on the forgotten side of it), and
+  the interval is narrow enough (half-width <= `tolerance`) to mean something;
+- "not yet": the whole interval is on the remembered side of the target;
+- "cannot tell": nothing measured, or too few samples for the interval to decide.
+
+Targets: FA against the accuracy on unseen (test) samples of the same classes (`class_matched_accuracy`)
+or an oracle's FA; MIA (AUC %) against 50 (indistinguishable from unseen data); Af against the
+class oracle's Af or 0. Intervals: Wilson score for accuracies, Hanley & McNeil (1982) for an AUC.
+The dashboard and the receipts use these same functions. Tests: tests/test_verdicts.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+FORGOTTEN, NOT_YET, CANNOT_TELL = "forgotten", "not yet", "cannot tell"
+Z95 = 1.959963984540054
+TOLERANCE = {"FA": 15.0, "MIA": 15.0, "Af": 10.0}  # widest half-interval (points) that still decides "forgotten"
+
+
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float, np.floating, np.integer)) and math.isfinite(float(x))
+
+
+def wilson_interval(percent: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """95 % Wilson score interval (percent) of an accuracy measured as `percent` on n samples."""
+    if n <= 0:
+        return (0.0, 100.0)
+    p = percent / 100.0
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (100 * max(0.0, centre - half), 100 * min(1.0, centre + half))
+
+
+def auc_interval(auc_percent: float, n_pos: int, n_neg: int, z: float = Z95) -> tuple[float, float]:
+    """95 % interval (percent) of an AUC from the Hanley & McNeil (1982) standard error."""
+    if n_pos <= 0 or n_neg <= 0:
+        return (0.0, 100.0)
+    a = min(max(auc_percent / 100.0, 1e-6), 1 - 1e-6)
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    var = (a * (1 - a) + (n_pos - 1) * (q1 - a * a) + (n_neg - 1) * (q2 - a * a)) / (n_pos * n_neg)
+    se = math.sqrt(max(var, 0.0))
+    return (100 * max(0.0, a - z * se), 100 * min(1.0, a + z * se))
+
+
+def class_matched_accuracy(test_labels: np.ndarray, test_correct: np.ndarray, forget_labels: np.ndarray) -> float | None:
+    """Accuracy (percent) on unseen test samples, per class weighted by the forget set's class counts:
+    the FA a model that never saw the forget set is expected to reach. None when a class has no test sample."""
+    test_labels, test_correct = np.asarray(test_labels), np.asarray(test_correct, bool)
+    classes, counts = np.unique(np.asarray(forget_labels), return_counts=True)
+    if len(classes) == 0:
+        return None
+    total = 0.0
+    for c, n in zip(classes, counts):
+        mask = test_labels == c
+        if not mask.any():
+            return None
+        total += n * test_correct[mask].mean()
+    return 100.0 * total / counts.sum()
+
+
+def verdict(metric: str, value: float | None, target: float | None, *, n: int | None = None,
+            n_ref: int | None = None, target_label: str = "", tolerance: float | None = None) -> dict:
+    """One forgetting number against its target. metric: "FA" or "Af" (accuracy %, n samples) or "MIA"
+    (AUC %, n forget vs n_ref unseen samples; target 50). Returns a JSON-ready dict: metric, value,
+    target, target_label, interval, n, verdict, reason (one plain sentence)."""
+    tol = TOLERANCE.get(metric, 15.0) if tolerance is None else tolerance
+    out = {"metric": metric, "value": float(value) if _finite(value) else None,
+           "target": float(target) if _finite(target) else None, "target_label": target_label,
+           "interval": None, "n": int(n) if n is not None else None, "verdict": CANNOT_TELL, "reason": ""}
+    if not _finite(value):
+        out["reason"] = f"{metric} was not measured (nothing deleted yet, or no samples to measure it on)."
+        return out
+    if not _finite(target):
+        out["reason"] = f"{metric} = {value:.1f} %, but there is no target to compare it with ({target_label or 'none'})."
+        return out
+    if not n:
+        out["reason"] = f"{metric} has no sample count, so its uncertainty is unknown."
+        return out
+    if metric == "MIA":
+        lo, hi = auc_interval(float(value), int(n), int(n_ref or 0))
+    else:
+        lo, hi = wilson_interval(float(value), int(n))
+    out["interval"] = [round(lo, 2), round(hi, 2)]
+    t = float(target)
+    what = f"{metric} {value:.1f} % (95 % interval {lo:.1f}-{hi:.1f}, {n} samples) vs {t:.1f} % {target_label}".rstrip()
+    if lo > t:
+        out["verdict"] = NOT_YET
+        out["reason"] = f"{what}: still above the target, so the model still remembers these samples."
+    elif (hi - lo) / 2 > tol and hi >= t:
+        out["reason"] = f"{what}: too few samples to tell (the interval is wider than ±{tol:.0f} points)."
+    else:
+        out["verdict"] = FORGOTTEN
+        out["reason"] = (f"{what}: at or below the target, as if never trained on."
+                         if hi >= t else f"{what}: below the target (forgotten, more than a retrained model would).")
+    return out
+
+
+def forgetting_verdicts(after: dict, *, fa_target: float | None, fa_target_label: str,
+                        n_ref: int | None = None) -> list[dict]:
+    """Verdicts for an evaluation's FA and MIA (the `evaluate` dict: FA, MIA, n_forget, n_test)."""
+    n_forget = after.get("n_forget")
+    return [verdict("FA", after.get("FA"), fa_target, n=n_forget, target_label=fa_target_label),
+            verdict("MIA", after.get("MIA"), 50.0, n=n_forget, n_ref=n_ref or after.get("n_test"),
+                    target_label="(50 = indistinguishable from unseen data)")]
+
+
+def overall(verdicts: Sequence[dict]) -> str:
+    """One word for several verdicts: "not yet" if any is, "forgotten" if all are, else "cannot tell"."""
+    words = [v["verdict"] for v in verdicts]
+    if NOT_YET in words:
+        return NOT_YET
+    if words and all(w == FORGOTTEN for w in words):
+        return FORGOTTEN
+    return CANNOT_TELL

@@ -1,0 +1,79 @@
+"""data/duplicates.py: copies of real digits training images are found first, at any size and after JPEG."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from munkey_core.data.datasets import load_dataset
+from munkey_core.data.duplicates import NearDuplicateIndex, to_native
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits", seed=0)
+
+
+@pytest.fixture(scope="module")
+def index(digits) -> NearDuplicateIndex:
+    ix = NearDuplicateIndex(digits.train.images, digits.train.ids)
+    ix.calibrate(digits.val.images, n=40)
+    return ix
+
+
+def _resized(img: np.ndarray, f: float, method) -> np.ndarray:
+    h, w = img.shape[:2]
+    return np.asarray(Image.fromarray(img[..., 0]).resize((round(w * f), round(h * f)), method))[..., None]
+
+
+def _jpeg(img: np.ndarray, q: int = 85) -> np.ndarray:
+    buf = io.BytesIO()
+    Image.fromarray(img[..., 0]).save(buf, format="JPEG", quality=q)
+    return np.asarray(Image.open(io.BytesIO(buf.getvalue())))[..., None]
+
+
+def test_to_native_undoes_a_nearest_enlargement_exactly_and_matches_channels(digits) -> None:
+    img = digits.train.images[5]  # (8, 8, 1)
+    big = np.repeat(np.repeat(img, 8, axis=0), 8, axis=1)  # 64x64, each pixel an 8x8 block
+    assert np.array_equal(to_native(big, (8, 8), 1), img)
+    rgb = np.repeat(big, 3, axis=-1)
+    assert to_native(rgb, (8, 8), 1).shape == (8, 8, 1)
+    assert to_native(img, (16, 16), 3).shape == (16, 16, 3)
+    assert to_native(np.zeros((40, 4, 1), np.uint8), (8, 8), 1).shape == (8, 8, 1)  # one axis shrinks, one grows
+
+
+@pytest.mark.parametrize("copy", ["bicubic2x", "bicubic8x", "bilinear4x", "lanczos1.5x", "jpeg85"])
+def test_copies_of_training_images_are_found_first_above_the_threshold(digits, index, copy) -> None:
+    rows = np.random.default_rng(1).choice(len(digits.train), 25, replace=False)
+    for r in rows:
+        img = digits.train.images[r]
+        if copy == "jpeg85":
+            q = _jpeg(img)
+        else:
+            method = getattr(Image.Resampling, copy.rstrip("x0123456789.").upper())
+            q = _resized(img, float(copy.rstrip("x").lstrip("abcdefghijklmnopqrstuvwxyz")), method)
+        hit = index.best(q)
+        assert hit is not None and hit.id == int(digits.train.ids[r]), (copy, r)
+
+
+def test_unseen_images_are_not_reported_as_copies(digits, index) -> None:
+    test = digits.test
+    found = [index.best(_resized(test.images[i], 4, Image.Resampling.BICUBIC)) for i in range(40)]
+    assert sum(f is not None for f in found) <= 1  # the threshold sits above 300 validation searches' best
+    assert 0.98 <= index.threshold < 1.0
+    assert index.calibration["null_max"] < index.threshold
+
+
+def test_search_orders_by_score_and_takes_extra_candidates(digits, index) -> None:
+    img = digits.train.images[3]
+    hits = index.search(img, top=5, m=5, extra_rows=[100, 200])
+    scores = [h.score for h in hits]
+    assert scores == sorted(scores, reverse=True) and hits[0].id == int(digits.train.ids[3])
+    assert hits[0].score == pytest.approx(1.0, abs=1e-5)
+    # an extra candidate outside the thumbnail shortlist is scored too
+    far = NearDuplicateIndex(digits.train.images, digits.train.ids)
+    row = 700
+    assert any(h.position == row for h in far.search(digits.train.images[row], top=10, m=1, extra_rows=[row]))

@@ -1,0 +1,167 @@
+"""Issue 14 in a real browser: copies of training images found first at any size, out-of-distribution
+warnings, the deletion confirmation that resets, Delete locked during a job, and no "None"/"nan".
+
+A real `streamlit run app.py` on a copy of the tiny digits run, driven by Chromium through Playwright
+(same skip rules as tests/test_e2e.py).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from munkey_core.data.datasets import load_dataset
+from munkey_core.run.rows import load_bank
+
+from _browser import ARGS, CHROMIUM, NO_CHROMIUM, TOKEN, idle, streamlit_server
+
+sync_playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed "
+                                      "(pip install playwright)").sync_playwright
+pytestmark = NO_CHROMIUM
+PAGES = [("Overview", "MUNKEY model"), ("Case evidence", "Case evidence"), ("Deletion requests", "Deletion requests"),
+         ("Class unlearning", "Class unlearning"), ("Audit log", "Audit log"), ("Embeddings", "Embeddings")]
+BAD_WORDS = re.compile(r"\b(None|nan|NaN)\b")
+
+
+@pytest.fixture
+def server(tiny_run: Path, tmp_path: Path):
+    with streamlit_server(tiny_run, tmp_path) as url:
+        yield url
+
+
+def _copies(tiny_run: Path, tmp_path: Path) -> tuple[int, Path, Path]:
+    """A training sample still in the bank, as a 64x64 bicubic enlargement (PNG) and a 3x JPEG (q 85)."""
+    train = load_dataset("digits", seed=0).train
+    sid = int(load_bank(tiny_run).ids[42])
+    img = train.images[int(np.flatnonzero(train.ids == sid)[0]), ..., 0]
+    png, jpg = tmp_path / "my_photo.png", tmp_path / "my_photo.jpg"
+    Image.fromarray(img).resize((64, 64), Image.Resampling.BICUBIC).save(png)
+    Image.fromarray(img).resize((24, 24), Image.Resampling.LANCZOS).save(jpg, quality=85)
+    return sid, png, jpg
+
+
+def _ood(tmp_path: Path) -> Path:
+    """A colourful photo-like image nothing like a digit."""
+    rng = np.random.default_rng(3)
+    x = np.linspace(0, 1, 160)
+    rgb = np.stack([np.outer(x, 1 - x), np.outer(1 - x, x), np.outer(x, x)], axis=-1) * 255
+    rgb = np.clip(rgb + rng.normal(0, 40, rgb.shape), 0, 255).astype(np.uint8)
+    path = tmp_path / "holiday.png"
+    Image.fromarray(rgb).save(path)
+    return path
+
+
+def _goto(page, link: str, heading: str) -> None:
+    page.get_by_role("link", name=link).click()
+    page.get_by_role("heading", name=heading).wait_for(timeout=90_000)
+    idle(page)
+
+
+def _no_bad_words(page, where: str) -> None:
+    text = page.locator("[data-testid=stMain]").inner_text()
+    assert not BAD_WORDS.search(text), f"{where}: {BAD_WORDS.search(text).group(0)!r} in: ...{text[max(0, BAD_WORDS.search(text).start() - 80):BAD_WORDS.search(text).end() + 40]}..."
+    assert page.locator("[data-testid=stException]").count() == 0, where
+
+
+def test_copies_ood_confirmation_lock_and_no_none(server: str, tiny_run: Path, tmp_path: Path) -> None:
+    sid, png, jpg = _copies(tiny_run, tmp_path)
+    ood = _ood(tmp_path)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(server)
+        page.get_by_role("heading", name="MUNKEY model").wait_for(timeout=120_000)
+        idle(page)
+
+        # Case evidence: both copies are found first, the out-of-distribution image is flagged
+        _goto(page, "Case evidence", "Case evidence")
+        page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files([str(png), str(jpg), str(ood)])
+        page.get_by_text("Similar training cases").first.wait_for(timeout=180_000)
+        idle(page, 300_000)
+        found = page.get_by_text(f"Exact match found: training id {sid} ")
+        assert found.count() == 2, page.locator("[data-testid=stMain]").inner_text()[:3000]
+        assert page.get_by_text("far from every training case").count() >= 1
+        assert page.get_by_text("no confident answer").count() >= 1
+        assert page.get_by_text(re.compile(r"\d+ of \d+ similar training cases are")).count() >= 2
+        assert page.get_by_text("your image").count() >= 2  # the query beside its match
+        _no_bad_words(page, "Case evidence")
+
+        # Deletion requests: the copy is proposed first and preselected (and only it)
+        _goto(page, "Deletion requests", "Deletion requests")
+        page.get_by_text("Similar to an image").click()
+        idle(page)
+        page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files([str(png)])
+        page.get_by_text(f"Exact match found: training id {sid} ").wait_for(timeout=180_000)
+        idle(page, 300_000)
+        picked = page.locator("[data-testid=stMultiSelect] [data-baseweb=tag]")
+        assert picked.count() == 1 and picked.first.inner_text().startswith(f"{sid} (copy of your image")
+        page.get_by_text("your image: my_photo.png").wait_for(timeout=10_000)
+        _no_bad_words(page, "Deletion requests (similar)")
+
+        # the confirmation resets when the selection changes
+        page.get_by_text("Type ids").click()
+        idle(page)
+        ids = [int(i) for i in load_bank(tiny_run).ids[:3]]
+        area = page.get_by_label("Sample ids (commas, spaces or new lines)")
+        area.fill(", ".join(map(str, ids)))
+        area.press("Control+Enter")
+        idle(page)
+        cred = page.get_by_label("Operator credential")
+        cred.fill(TOKEN)
+        cred.press("Enter")
+        idle(page)
+        name = page.get_by_label("Operator name (recorded in the audit log)")
+        name.fill("E2E operator")
+        name.press("Enter")
+        idle(page)
+        box = page.get_by_role("checkbox", name=re.compile("I confirm the deletion"))
+        page.get_by_text("I confirm the deletion of 3 training sample(s)").click()
+        idle(page)
+        assert box.is_checked()
+        area.fill(", ".join(map(str, ids[:2])))
+        area.press("Control+Enter")
+        idle(page)
+        assert not page.get_by_role("checkbox", name=re.compile("I confirm the deletion")).is_checked()
+        assert page.get_by_role("button", name="Delete 2 sample(s)").is_disabled()
+
+        # Delete is locked while the job runs; the progress is at the top; the box is unticked after
+        page.get_by_text("I confirm the deletion of 2 training sample(s)").click()
+        idle(page)
+        page.get_by_role("button", name="Delete 2 sample(s)").click()
+        page.get_by_text("Delete is locked until it ends").wait_for(timeout=60_000)
+        assert page.get_by_role("button", name=re.compile(r"Delete \d+ sample")).is_disabled()
+        status = page.get_by_text(re.compile("Deleting and measuring")).first.bounding_box()
+        delete_btn = page.get_by_role("button", name=re.compile(r"Delete \d+ sample")).bounding_box()
+        assert status is not None and delete_btn is not None and status["y"] < delete_btn["y"]
+        page.get_by_text("Retrieval check passed").wait_for(timeout=300_000)
+        idle(page)
+        assert not page.get_by_role("checkbox", name=re.compile("I confirm the deletion")).is_checked()
+        assert page.get_by_text(re.compile(r"Verdict: (forgotten|not yet|cannot tell)")).count() == 1
+        _no_bad_words(page, "Deletion requests (after a deletion)")
+
+        # an uploaded ids file with an id from the test split: named with its split, and droppable
+        test_id = int(load_dataset("digits", seed=0).test.ids[0])
+        csv = tmp_path / "request.csv"
+        csv.write_text(f"id\n{ids[2]}\n{test_id}\n")
+        page.get_by_text("Upload an ids file").click()
+        idle(page)
+        page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files([str(csv)])
+        page.get_by_text(f"{test_id} is in the test split").wait_for(timeout=60_000)
+        page.get_by_role("button", name=re.compile("Drop the 1 id")).click()
+        idle(page)
+        assert page.get_by_text("were dropped from this request").count() == 1
+        assert page.get_by_text("Cannot be deleted").count() == 1
+        assert page.get_by_role("button", name="Delete 1 sample(s)").count() == 1
+
+        # no None / nan on any page
+        for link, heading in PAGES:
+            _goto(page, link, heading)
+            if link == "Overview":
+                page.get_by_text("Forgetting verdict").wait_for(timeout=120_000)
+            _no_bad_words(page, link)
+        browser.close()

@@ -1,0 +1,50 @@
+"""eval/verdicts.py: intervals checked against textbook values, verdicts on hand-made cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from munkey_core.eval import verdicts as V
+
+
+def test_wilson_interval_matches_the_textbook_formula() -> None:
+    # Wilson (1927), written out independently: p=0.8, n=10, z=1.96 -> (0.4902, 0.9433)
+    lo, hi = V.wilson_interval(80.0, 10)
+    assert lo == pytest.approx(49.02, abs=0.02) and hi == pytest.approx(94.33, abs=0.02)
+    lo, hi = V.wilson_interval(100.0, 5)
+    assert hi == 100.0 and lo == pytest.approx(56.55, abs=0.05)
+
+
+def test_auc_interval_matches_hanley_mcneil() -> None:
+    # Hanley & McNeil (1982) by hand for A=0.9, nA=nN=50: Q1 = 0.9/1.1 = 0.81818, Q2 = 1.62/1.9 = 0.85263,
+    # var = (0.09 + 49 * 0.00818 + 49 * 0.04263) / 2500 = 0.0010319, SE = 0.03212
+    lo, hi = V.auc_interval(90.0, 50, 50)
+    assert lo == pytest.approx(100 * (0.9 - 1.96 * 0.03212), abs=0.02)
+    assert hi == pytest.approx(100 * (0.9 + 1.96 * 0.03212), abs=0.02)
+    assert V.auc_interval(50.0, 0, 10) == (0.0, 100.0)
+
+
+def test_verdicts_say_forgotten_not_yet_and_cannot_tell() -> None:
+    # the issue's case: 5 deleted, MIA 81.6 against 359 unseen -> still distinguishable: not yet
+    mia = V.verdict("MIA", 81.6, 50.0, n=5, n_ref=359)
+    assert mia["verdict"] == V.NOT_YET and mia["interval"][0] > 50
+    # FA 100 % on 5 samples vs 97 % on unseen samples: too few to tell
+    assert V.verdict("FA", 100.0, 97.0, n=5)["verdict"] == V.CANNOT_TELL
+    # FA 96 % on 400 samples vs 97 %: forgotten
+    assert V.verdict("FA", 96.0, 97.0, n=400)["verdict"] == V.FORGOTTEN
+    # a class still recognised 29.7 % of the time on 37 test images, target 0: not yet
+    assert V.verdict("Af", 29.7, 0.0, n=37)["verdict"] == V.NOT_YET
+    assert V.verdict("Af", 0.0, 0.0, n=37)["verdict"] == V.FORGOTTEN
+    for v in (V.verdict("MIA", None, 50.0, n=5), V.verdict("FA", float("nan"), 97.0, n=5),
+              V.verdict("FA", 90.0, None, n=50)):
+        assert v["verdict"] == V.CANNOT_TELL and v["reason"] and "nan" not in v["reason"].lower()
+    assert V.overall([mia, V.verdict("Af", 0.0, 0.0, n=37)]) == V.NOT_YET
+    assert V.overall([V.verdict("Af", 0.0, 0.0, n=37)]) == V.FORGOTTEN
+
+
+def test_class_matched_accuracy_weights_classes_by_the_forget_set() -> None:
+    labels = np.array([0, 0, 1, 1, 1, 1])
+    correct = np.array([1, 1, 0, 0, 1, 1], bool)  # class 0: 100 %, class 1: 50 %
+    assert V.class_matched_accuracy(labels, correct, np.array([0, 1, 1, 1])) == pytest.approx(62.5)
+    assert V.class_matched_accuracy(labels, correct, np.array([2])) is None
