@@ -43,7 +43,7 @@ def show_copy(image, found: dict) -> None:
         st.info(found["message"], icon=":material/search_off:")
     if best is None:
         return
-    cols = st.columns([1, 1, 4])
+    cols = st.columns([1, 1, 2])
     cols[0].image(display_image(image, 112), caption="your image", width=112)
     cols[1].image(display_image(training_images(run, [best["id"]])[0], 112), width=112,
                   caption=f"training id {best['id']} · {best['label_name']} · similarity {best['score']:.3f}")
@@ -57,6 +57,9 @@ def show_prediction(title: str, image, preds, i: int, true_label: int | None = N
     st.subheader(title)
     if found is not None:
         show_copy(image, found)
+        if found["found"] and found["in_bank"]:
+            st.caption(f"The prediction and its evidence below are those of training image {found['id']}, of which this "
+                       "upload is a copy.")
     left, right = st.columns([1, 3])
     left.image(display_image(image, 128), caption="query", width=128)
     with right:
@@ -109,8 +112,13 @@ if source == "Upload images":
         st.info("Upload one or more images to see the prediction and its evidence.")
     if images:
         with user_errors():
-            preds = run.predict_images(images, k=k, mode=mode)
             copies = find_copies(run, copy_index_for(run), images)
+            # an upload that is a copy of a training image still in the bank gets that image's own evidence
+            # (resampling blurs small images enough to move their keys; the copy search is pixel-exact)
+            exact = [c["found"] and c["in_bank"] for c in copies]
+            originals = training_images(run, [c["id"] for c, e in zip(copies, exact) if e])
+            it = iter(originals)
+            preds = run.predict_images([next(it) if e else img for img, e in zip(images, exact)], k=k, mode=mode)
             for i, (title, img) in enumerate(zip(titles, images)):
                 show_prediction(title, img, preds, i, found=copies[i])
 else:

@@ -81,14 +81,15 @@ def test_copies_ood_confirmation_lock_and_no_none(server: str, tiny_run: Path, t
         # Case evidence: both copies are found first, the out-of-distribution image is flagged
         _goto(page, "Case evidence", "Case evidence")
         page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files([str(png), str(jpg), str(ood)])
-        page.get_by_text("Similar training cases").first.wait_for(timeout=180_000)
+        page.get_by_text(re.compile("^Exact match found")).first.wait_for(timeout=300_000)
         idle(page, 300_000)
+        page.get_by_text(re.compile("^Similar training cases")).nth(2).wait_for(timeout=120_000)  # all three drawn
         found = page.get_by_text(f"Exact match found: training id {sid} ")
         assert found.count() == 2, page.locator("[data-testid=stMain]").inner_text()[:3000]
         assert page.get_by_text("far from every training case").count() >= 1
         assert page.get_by_text("no confident answer").count() >= 1
         assert page.get_by_text(re.compile(r"\d+ of \d+ similar training cases are")).count() >= 2
-        assert page.get_by_text("your image").count() >= 2  # the query beside its match
+        page.get_by_text("your image").nth(2).wait_for(timeout=60_000)  # each query beside its closest training image
         _no_bad_words(page, "Case evidence")
 
         # Deletion requests: the copy is proposed first and preselected (and only it)
