@@ -109,6 +109,11 @@ def test_operator_deletes_and_sees_metrics(tiny_run: Path, monkeypatch: pytest.M
     at.text_input(key="operator").input("Dana (DPO)").run()
     at.checkbox(key="confirm").check().run()
     assert not at.button(key="delete").disabled
+    # the confirmation belongs to the selection: changing it unticks the box and disarms Delete
+    at.text_area(key="ids_text").input(", ".join(map(str, ids[:5]))).run()
+    assert not at.checkbox(key="confirm").value and at.button(key="delete").disabled
+    at.text_area(key="ids_text").input(", ".join(map(str, ids))).run()
+    at.checkbox(key="confirm").check().run()
     at.button(key="delete").click().run()
     assert not at.exception, [e.value for e in at.exception]
     job = at.session_state["deletion_job"]  # the deletion and its evaluation run off the script thread
