@@ -45,6 +45,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         ("p-drop-image", float, "probability of dropping the image pathway"),
         ("p-drop-token", float, "probability of dropping the exemplar token"),
         ("augment-shift", float, "random translation (fraction of the side)"),
+        ("absent-target-mix", float, "on steps without the sample's own exemplar, mix this share of its neighbours' "
+                                     "label distribution into the target (0 = hard labels; forgets better, lower TA)"),
         ("max-train", int, "use a stratified subset of this many training images (0 = all)"),
         ("seed", int, "training seed (initialisation, batch order, augmentation)"),
         ("split-seed", int, "data split seed (the splits we carve, the --max-train subset); default: --seed"),
@@ -213,7 +215,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_new_run_dir(args.out)  # before anything else: never overwrite a user's folder or file
     overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
                                                 "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
-                                                "seed", "split_seed", "exemplar_dim", "max_train", "inject_at")}
+                                                "absent_target_mix", "seed", "split_seed", "exemplar_dim", "max_train", "inject_at")}
     if args.arch != "munkey" and args.inject_at is not None:
         raise MunkeyError("--inject-at is a MUNKEY option (where the exemplar token joins); a resnet18 / vit run has "
                           "no exemplar token. Drop --inject-at or use --arch munkey.")

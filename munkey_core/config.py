@@ -65,6 +65,9 @@ class TrainConfig:
     exemplar_lr_scale: float = 10.0 # exemplar learning rate = lr * this (each row is updated once per epoch)
     exemplar_init_std: float = 0.02
     augment_shift: float = 0.1     # random translation, as a fraction of the side (backbone input only)
+    absent_target_mix: float = 0.0 # on steps without the sample's own exemplar, this share of the target is its
+                                   # K' neighbours' label distribution (0 = hard labels, the paper's recipe; see
+                                   # docs/results/forgetting_at_defaults.md: forgets better, costs test accuracy)
     max_train: int | None = None   # stratified subset of the training split (None or 0: all)
     seed: int = 0                  # training seed: initialisation, batch order, augmentation and dropout draws
     split_seed: int | None = None  # data seed: the splits we carve and the max_train subset; None = `seed` (as before)

@@ -10,7 +10,8 @@ from sklearn.datasets import load_digits
 from munkey_core.config import ModelConfig, TrainConfig
 from munkey_core.bank.memory import MemoryBank
 from munkey_core.run.rows import load_checkpoint
-from munkey_core.training.train import TrainData, _sample_tokens, cosine_schedule, neighbour_table, train_munkey
+from munkey_core.training.train import (TrainData, _sample_tokens, cosine_schedule, neighbour_label_dist, neighbour_table,
+                                        step_loss, train_munkey)
 
 MODEL = ModelConfig(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=2,
                     exemplar_dim=16)
@@ -70,13 +71,13 @@ def test_retrieval_simulation_stops_gradients_into_neighbours() -> None:
     idx = torch.tensor([0, 5])
     gen = torch.Generator().manual_seed(0)
     always = TrainConfig(p_retrieval=1.0, p_drop_image=0.0, p_drop_token=0.0)
-    token, _, _ = _sample_tokens(values, idx, nbr_rows, nbr_w, always, gen)
+    token, _, _, _ = _sample_tokens(values, idx, nbr_rows, nbr_w, always, gen)
     torch.testing.assert_close(token, 0.5 * (values[[1, 6]] + values[[2, 7]]).detach())
     token.sum().backward()
     assert values.grad is None or not values.grad.any()  # neighbours receive no gradient
     values.grad = None
     never = TrainConfig(p_retrieval=0.0, p_drop_image=0.0, p_drop_token=0.0)
-    token, _, _ = _sample_tokens(values, idx, nbr_rows, nbr_w, never, gen)
+    token, _, _, _ = _sample_tokens(values, idx, nbr_rows, nbr_w, never, gen)
     token.sum().backward()
     assert set(torch.nonzero(values.grad.abs().sum(1)).ravel().tolist()) == {0, 5}  # only its own rows
 
@@ -85,7 +86,7 @@ def test_pathway_dropout_rates() -> None:
     values = torch.zeros(10, 4)
     cfg = TrainConfig(p_retrieval=0.0, p_drop_image=0.3, p_drop_token=0.2)
     idx = torch.zeros(20000, dtype=torch.long)
-    _, di, dt = _sample_tokens(values, idx, torch.zeros(10, 1, dtype=torch.long), torch.ones(10, 1), cfg,
+    _, di, dt, _ = _sample_tokens(values, idx, torch.zeros(10, 1, dtype=torch.long), torch.ones(10, 1), cfg,
                                torch.Generator().manual_seed(0))
     assert not (di & dt).any()
     assert di.float().mean().item() == pytest.approx(0.3, abs=0.015)
@@ -96,3 +97,47 @@ def test_cosine_schedule_warms_up_then_decays() -> None:
     f = cosine_schedule(100, 10)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
     assert f(55) == pytest.approx(0.5, abs=0.01) and f(100) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_absent_mask_is_image_present_without_own_exemplar() -> None:
+    """`absent` marks exactly the samples trained on their image without their own exemplar."""
+    values, idx, rows, w = torch.zeros(4, 2), torch.zeros(4000, dtype=torch.long), torch.zeros(4, 1, dtype=torch.long), torch.ones(4, 1)
+    gen = torch.Generator().manual_seed(0)
+    for cfg, expected in [(TrainConfig(p_retrieval=1.0, p_drop_image=0.0, p_drop_token=0.0), True),
+                          (TrainConfig(p_retrieval=0.0, p_drop_image=0.0, p_drop_token=1.0), True),
+                          (TrainConfig(p_retrieval=0.0, p_drop_image=0.0, p_drop_token=0.0), False),
+                          (TrainConfig(p_retrieval=1.0, p_drop_image=1.0, p_drop_token=0.0), False)]:
+        assert bool(_sample_tokens(values, idx[:8], rows, w, cfg, gen)[3].all()) is expected
+        assert bool(_sample_tokens(values, idx[:8], rows, w, cfg, gen)[3].any()) is expected
+    cfg = TrainConfig(p_retrieval=0.5, p_drop_image=0.2, p_drop_token=0.2)
+    _, di, dt, absent = _sample_tokens(values, idx, rows, w, cfg, gen)
+    assert not (absent & di).any() and absent[dt].all()
+    assert absent.float().mean().item() == pytest.approx(0.2 + 0.6 * 0.5, abs=0.03)
+
+
+def test_neighbour_label_dist_sums_weights_per_label() -> None:
+    bank = MemoryBank.create(np.arange(4), np.array([0, 1, 1, 2]), np.eye(4, dtype=np.float32), 2)
+    rows = torch.tensor([[1, 2], [0, 3], [3, 1], [0, 2]])
+    w = torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.9, 0.1], [0.5, 0.5]])
+    expected = np.zeros((4, 3))
+    for i in range(4):
+        for j in range(2):
+            expected[i, [0, 1, 1, 2][int(rows[i, j])]] += float(w[i, j])
+    np.testing.assert_allclose(neighbour_label_dist(bank, rows, w, 3).numpy(), expected, atol=1e-6)
+
+
+def test_step_loss_softens_the_target_only_where_the_own_exemplar_is_absent() -> None:
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 1.5, 0.0], [0.0, 0.0, 3.0]])
+    y, absent = torch.tensor([0, 1, 2]), torch.tensor([True, False, True])
+    q = torch.tensor([[0.2, 0.8, 0.0], [1.0, 0.0, 0.0], [0.0, 0.5, 0.5]])
+    z = logits.numpy().astype(np.float64)
+    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    hard = -logp[np.arange(3), y.numpy()]
+    np.testing.assert_allclose(float(step_loss(logits, y, absent, q, TrainConfig())), hard.sum(), rtol=1e-5)
+    a = 0.25
+    targets = np.eye(3)[y.numpy()]
+    targets[[0, 2]] = (1 - a) * targets[[0, 2]] + a * q.numpy()[[0, 2]]  # row 1 keeps its hard label
+    soft = -(targets * logp).sum(1)
+    cfg = TrainConfig(absent_target_mix=a)
+    np.testing.assert_allclose(float(step_loss(logits, y, absent, q, cfg)), soft.sum(), rtol=1e-5)
+    np.testing.assert_allclose(float(step_loss(logits, y, absent, q, cfg, reduction="mean")), soft.mean(), rtol=1e-5)

@@ -5,6 +5,10 @@ Per sample and step (SPEC.md section 2):
   token becomes null_tok (mutually exclusive; otherwise both pathways are on);
 - retrieval simulation: with p_retrieval the token is h(sum_j w_j v_j) over the K' nearest *other*
   training samples (w = softmax(sim / tau)), with gradients into those v_j stopped; otherwise h(v_i).
+- target (`absent_target_mix` = a, default 0): on steps where the sample's own exemplar is absent
+  (retrieval simulation or token dropped, image present) the target is (1 - a) onehot(y_i) + a q_i,
+  q_i its K' neighbours' label distribution (the retrieval weights); a > 0 keeps the backbone from
+  fitting the hard label of an image without its exemplar, which is what survives a deletion.
 Keys are frozen, so the K' neighbour lists are computed once before the first epoch.
 AdamW (betas 0.9/0.99) over everything, linear warm-up then cosine decay per step.
 Cost per step: one plain-ViT forward/backward with one extra token, plus a (B, K', Dv) gather.
@@ -112,6 +116,7 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
     bank = MemoryBank.create(train.ids, train.labels, train.keys, model_cfg.exemplar_dim, seed=cfg.seed,
                              init_std=cfg.exemplar_init_std).to(device)
     nbr_rows, nbr_w = neighbour_table(bank, cfg.k_train, cfg.tau)  # (N, K'), (N, K')
+    nbr_q = neighbour_label_dist(bank, nbr_rows, nbr_w, model_cfg.num_classes).to(device)  # (N, C)
     values = nn.Parameter(bank.values.clone())  # (N, Dv), row i = exemplar of bank.ids[i]
     groups = model.param_groups(cfg.weight_decay) + [{"params": [values], "weight_decay": cfg.weight_decay,
                                                       "lr": cfg.lr * cfg.exemplar_lr_scale}]
@@ -134,16 +139,16 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
         for idx in torch.randperm(n, generator=gen).to(device).split(cfg.batch_size):
             b = len(idx)
             x = random_shift(preprocess_images(images[idx], model_cfg.img_size), cfg.augment_shift, gen)
-            token, drop_img, drop_tok = _sample_tokens(values, idx, nbr_rows, nbr_w, cfg, gen)
+            token, drop_img, drop_tok, absent = _sample_tokens(values, idx, nbr_rows, nbr_w, cfg, gen)
             part = torch.arange(b, device=device).tensor_split(size)[rank]  # this rank's shard of the batch
             y = labels[idx[part]]
             with odd_batch_guard(len(part)):
                 logits = net(x[part], token[part], drop_img[part], drop_tok[part])
                 if size == 1:  # the batch mean, as the single-process recipe always computed it
-                    loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
+                    loss = step_loss(logits, y, absent, nbr_q[idx], cfg, reduction="mean")
                     loss_sum = loss.detach().double() * b
                 else:
-                    loss_sum = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="sum")
+                    loss_sum = step_loss(logits, y, absent[part], nbr_q[idx[part]], cfg)
                     loss = loss_sum * (size / b)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -179,9 +184,33 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
     return TrainResult(model.eval(), bank, history)
 
 
+def neighbour_label_dist(bank: MemoryBank, nbr_rows: torch.Tensor, nbr_w: torch.Tensor,
+                         num_classes: int) -> torch.Tensor:
+    """(N, C): row i = sum_j w_ij onehot(label of neighbour j), the label distribution retrieval gives sample i."""
+    labels = torch.as_tensor(np.asarray(bank.labels), dtype=torch.int64)[nbr_rows.cpu()]  # (N, K')
+    return torch.zeros(len(nbr_rows), num_classes).scatter_add_(1, labels, nbr_w.cpu().float())
+
+
+def step_loss(logits: torch.Tensor, y: torch.Tensor, absent: torch.Tensor, q: torch.Tensor,
+              cfg: TrainConfig, reduction: str = "sum") -> torch.Tensor:
+    """Cross-entropy ("sum" or "mean" over the batch) of logits (B, C); where `absent` (B,) the target
+    mixes in the neighbours' label distribution q (B, C) by cfg.absent_target_mix (module docstring)."""
+    if cfg.absent_target_mix <= 0:
+        return F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction=reduction)
+    target = F.one_hot(y, logits.shape[1]).to(logits.dtype)
+    a = cfg.absent_target_mix * absent.to(logits.dtype)[:, None]  # (B, 1)
+    target = (1 - a) * target + a * q.to(logits.dtype)
+    if cfg.label_smoothing:
+        target = (1 - cfg.label_smoothing) * target + cfg.label_smoothing / logits.shape[1]
+    per = -(target * F.log_softmax(logits, dim=1)).sum(dim=1)  # (B,)
+    return per.sum() if reduction == "sum" else per.mean()
+
+
 def _sample_tokens(values: torch.Tensor, idx: torch.Tensor, nbr_rows: torch.Tensor, nbr_w: torch.Tensor,
-                   cfg: TrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exemplar vectors (B, Dv) for a batch plus the pathway-dropout masks (B,), (B,)."""
+                   cfg: TrainConfig, gen: torch.Generator
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exemplar vectors (B, Dv) for a batch, the pathway-dropout masks (B,), (B,) and the mask (B,) of
+    samples whose own exemplar is absent while their image is present."""
     b = len(idx)
     u = torch.rand(b, generator=gen).to(idx.device)
     drop_img = u < cfg.p_drop_image
@@ -189,7 +218,8 @@ def _sample_tokens(values: torch.Tensor, idx: torch.Tensor, nbr_rows: torch.Tens
     use_nbrs = (torch.rand(b, generator=gen) < cfg.p_retrieval).to(idx.device)
     own = values[idx]  # (B, Dv)
     mixed = (nbr_w[idx][..., None] * values.detach()[nbr_rows[idx]]).sum(dim=1)  # (B, Dv), stop-grad
-    return torch.where(use_nbrs[:, None], mixed, own), drop_img, drop_tok
+    absent = (drop_tok | use_nbrs) & ~drop_img
+    return torch.where(use_nbrs[:, None], mixed, own), drop_img, drop_tok, absent
 
 
 def validation_accuracy(model: MunkeyViT, bank: MemoryBank, val: TrainData, cfg: TrainConfig) -> float:
