@@ -141,3 +141,36 @@ def test_step_loss_softens_the_target_only_where_the_own_exemplar_is_absent() ->
     cfg = TrainConfig(absent_target_mix=a)
     np.testing.assert_allclose(float(step_loss(logits, y, absent, q, cfg)), soft.sum(), rtol=1e-5)
     np.testing.assert_allclose(float(step_loss(logits, y, absent, q, cfg, reduction="mean")), soft.mean(), rtol=1e-5)
+
+
+def test_absent_target_mix_changes_training_and_defaults_to_hard_labels(digits: TrainData) -> None:
+    """The option reaches the loop (same seed, different weights) and every profile ships hard labels
+    (docs/results/forgetting_at_defaults.md: the soft target costs test accuracy, so it is opt-in)."""
+    from munkey_core.config import PROFILES
+
+    assert all(p.train.absent_target_mix == 0.0 for p in PROFILES.values())
+    train = _subset(digits, np.arange(0, 200))
+    cfg = TrainConfig(epochs=1, batch_size=32, k=4, k_train=4, seed=3)
+    hard = train_munkey(MODEL, cfg, train, progress=False)
+    soft = train_munkey(MODEL, TrainConfig(**{**cfg.__dict__, "absent_target_mix": 0.5}), train, progress=False)
+    assert not torch.equal(hard.model.state_dict()["vit.head.weight"], soft.model.state_dict()["vit.head.weight"])
+
+
+def test_the_m_oracle_retrains_with_the_runs_absent_target_mix(cache_dir, tmp_path) -> None:
+    """An M-oracle is the run's recipe retrained: a run trained with --absent-target-mix gets an oracle
+    trained with the same mix (else its Avg Gap would compare two different recipes)."""
+    import json
+
+    from munkey_core.cli import main
+    from munkey_core.eval.oracles import train_oracle
+
+    run = tmp_path / "run"
+    assert main(["train", "--dataset", "digits", "--profile", "tiny", "--epochs", "1", "--absent-target-mix", "0.3",
+                 "--keep-checkpoints", "1", "--out", str(run), "--device", "cpu"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["absent_target_mix"] == 0.3
+    from munkey_core.data.datasets import load_dataset
+
+    forget = [int(i) for i in load_dataset("digits", seed=0).train.ids[:5]]
+    path, trained = train_oracle(config, run, forget, "munkey", device="cpu", progress=False)
+    assert trained and json.loads((path / "config.json").read_text())["train"]["absent_target_mix"] == 0.3
