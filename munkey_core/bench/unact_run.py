@@ -352,7 +352,12 @@ class UnactBench:
                 self.munkey_sections(med, bar)
                 if not a.no_sequential:
                     self.munkey_sequential(med, bar)
-        wall = time.perf_counter() - t_start
+        self.report(first, ed, med, time.perf_counter() - t_start)
+        return 0
+
+    def report(self, first: ClassEditor, ed: ClassEditor | None, med: ClassEditor | None, wall: float) -> None:
+        """Print the tables of the collected rows and write them (and the rows) to --out."""
+        a = self.args
         name = first.run.config["dataset"]
         title = (f"{ed.arch} (width {ed.run.cfg.width})" if ed.arch == "resnet18" else ed.arch) if ed else "MUNKEY run"
         self.lines = [f"## UnAct on {name}: {title}", "",
@@ -393,4 +398,3 @@ class UnactBench:
                 w.writeheader()
                 w.writerows(self.rows)
             print(f"\nwritten: {out / f'unact_{name}.md'} and .csv")
-        return 0

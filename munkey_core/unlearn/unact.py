@@ -28,9 +28,9 @@ The pseudo-label c is the argmax of the *original* model's mean logits over the 
 caller names the class (`target`; class removal on a MUNKEY run passes the class the run predicts).
 
 Stopping: `stop="rounds"` runs the k rounds (the paper's rule); `stop="forgotten"` also stops as soon
-as the model gives c no more than chance (1 / classes) on every request image (each round's scoring
-pass gives those probabilities for free), which edits fewer units per request and keeps sequential
-requests from eating the layer.
+as no request image is predicted as c any more and c's mean probability over them is below chance
+(1 / classes) (each round's scoring pass gives those probabilities for free), which edits fewer units
+per request and keeps sequential requests from eating the layer.
 
 Cost: one batched forward over the n images per round (the first also gives the pseudo-label); no
 autograd graph is ever built (everything runs under torch.no_grad) and no parameter's requires_grad
@@ -70,7 +70,7 @@ class UnActConfig:
     gamma: float = 0.01
     k: int = 20
     score: str = "activation"   # ResNet only: activation (the paper's) | attribution
-    stop: str = "rounds"        # rounds (the paper's: all k) | forgotten (also stop once every image gives c <= chance)
+    stop: str = "rounds"        # rounds (the paper's: all k) | forgotten (also stop once the images no longer give c)
 
     def check(self) -> None:
         """Raise a clear MunkeyError for values outside their ranges."""
@@ -341,7 +341,7 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
             if r > 1:
                 _, base_mean, probs = _mean_stats(scope, images)  # re-score the edited model
             still = float(np.mean(probs.argmax(axis=1) == target))
-            if r > 1 and cfg.stop == "forgotten" and probs[:, target].max() < 1.0 / probs.shape[1]:
+            if r > 1 and cfg.stop == "forgotten" and still == 0.0 and probs[:, target].mean() < 1.0 / probs.shape[1]:
                 result.stopped_early, result.stop_reason = True, "forgotten"
                 break
             scores = _scores(scope, base_mean, target)
