@@ -10,7 +10,6 @@ from pathlib import Path
 import streamlit as st
 
 from munkey_core.errors import MunkeyError
-from munkey_core.run.rows import bank_stamp
 from munkey_core.service import MunkeyRun
 from typing import Callable, Sequence
 
@@ -28,14 +27,10 @@ def run_dir() -> Path:
     return Path(env).expanduser().resolve() if env else DEFAULT_RUN
 
 
-def _bank_stamp(path: Path) -> tuple[int, int, int]:
-    return bank_stamp(path)
-
-
 @st.cache_resource(max_entries=2, show_spinner="Opening the run...")
-def _open_run(path: str, bank_stamp: tuple[int, int, int]) -> MunkeyRun:
-    # bank_stamp is part of the cache key: a deletion made elsewhere (CLI, another session)
-    # writes the bank file and forgotten.json, so the next script run reopens the run.
+def _open_run(path: str, config_stamp: int) -> MunkeyRun:
+    # config_stamp (config.json's mtime) is part of the cache key: a run retrained in place is reopened.
+    # A deletion changes only the bank: get_run re-reads it in place instead of reopening the whole run.
     return MunkeyRun(path)
 
 
@@ -64,7 +59,15 @@ def get_run() -> MunkeyRun | None:
     if not has_run(path):
         return None
     try:
-        return _open_run(str(path), _bank_stamp(path))
+        run = _open_run(str(path), (path / "config.json").stat().st_mtime_ns)
+        # a deletion made elsewhere (CLI, another session) rewrote the bank: re-read it (milliseconds, no
+        # greyed page); skipped while this process holds the run (its own deletion keeps it current)
+        if run.lock.acquire(blocking=False):
+            try:
+                run.reload_if_changed()
+            finally:
+                run.lock.release()
+        return run
     except (MunkeyError, FileNotFoundError) as exc:
         st.error(str(exc) if isinstance(exc, MunkeyError) else
                  f"{path} is not a complete run directory ({exc.filename} is missing). "
@@ -186,7 +189,7 @@ def thumbnail_grid(run: MunkeyRun, ids: Sequence[int], *, size: int, per_row: in
         cols = st.columns(per_row)
         for col, i, img, lab in zip(cols, ids[start:start + per_row], imgs[start:start + per_row],
                                     labels[start:start + per_row]):
-            col.image(display_image(img, size), width=size)
+            col.image(display_image(img, 2 * size), width="stretch")  # fits narrow columns (800 px)
             col.caption(caption(int(i), names[int(lab)]))
 
 

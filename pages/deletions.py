@@ -155,7 +155,7 @@ else:
             similar_rows = similar_training_samples(run, images, int(top_n), copies=index)
             for (name, img), found in zip(decoded, copies):
                 cols = st.columns([1, 5])
-                cols[0].image(display_image(img, 96), caption=f"your image: {name}", width=96)
+                cols[0].image(display_image(img, 128), caption=f"your image: {name}", width="stretch")
                 if found["found"]:
                     cols[1].success(found["message"], icon=":material/content_copy:")
                 else:
@@ -167,7 +167,7 @@ else:
             for start in range(0, len(similar_rows), PER_ROW):
                 cols = st.columns(PER_ROW)
                 for col, r, pic in zip(cols, similar_rows[start:start + PER_ROW], pics[start:start + PER_ROW]):
-                    col.image(display_image(pic, 64), width=64)
+                    col.image(display_image(pic, 128), width="stretch")
                     col.caption(f"**id {r['id']}** · {r['label_name']}  \n"
                                 + (f"copy ({r['copy_score']:.3f})" if r["copy"] else f"similar ({r['similarity']:.2f})"))
             found_ids = [r["id"] for r in similar_rows]

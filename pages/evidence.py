@@ -43,9 +43,9 @@ def show_copy(image, found: dict) -> None:
         st.info(found["message"], icon=":material/search_off:")
     if best is None:
         return
-    cols = st.columns([1, 1, 2])
-    cols[0].image(display_image(image, 112), caption="your image", width=112)
-    cols[1].image(display_image(training_images(run, [best["id"]])[0], 112), width=112,
+    cols = st.columns([1, 1, 3])
+    cols[0].image(display_image(image, 128), caption="your image", width="stretch")
+    cols[1].image(display_image(training_images(run, [best["id"]])[0], 128), width="stretch",
                   caption=f"training id {best['id']} · {best['label_name']} · similarity {best['score']:.3f}")
 
 
@@ -61,7 +61,7 @@ def show_prediction(title: str, image, preds, i: int, true_label: int | None = N
             st.caption(f"The prediction and its evidence below are those of training image {found['id']}, of which this "
                        "upload is a copy.")
     left, right = st.columns([1, 3])
-    left.image(display_image(image, 128), caption="query", width=128)
+    left.image(display_image(image, 256), caption="query", width="stretch")
     with right:
         for w in info["warnings"]:
             st.warning(w, icon=":material/warning:")
@@ -84,7 +84,7 @@ def show_prediction(title: str, image, preds, i: int, true_label: int | None = N
     for start in range(0, len(rows), PER_ROW):
         cols = st.columns(PER_ROW)
         for col, r, img in zip(cols, rows[start:start + PER_ROW], imgs[start:start + PER_ROW]):
-            col.image(display_image(img, 64), width=64)
+            col.image(display_image(img, 128), width="stretch")
             col.caption(f"**{r['label_name']}** · {100 * r['weight']:.0f}% of the answer  \nsimilarity {r['similarity']:.2f}")
     with st.expander("Expert view: ids, weights and votes"):
         df = pd.DataFrame(rows)

@@ -161,6 +161,28 @@ def test_copies_ood_confirmation_lock_and_no_none(server: str, tiny_run: Path, t
         assert page.get_by_text("Cannot be deleted").count() == 1
         assert page.get_by_role("button", name="Delete 1 sample(s)").count() == 1
 
+        # 800 px wide: the query image, the prediction and the thumbnails do not overlap (element boxes)
+        page.set_viewport_size({"width": 800, "height": 1000})
+        _goto(page, "Case evidence", "Case evidence")
+        page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files([str(png)])
+        page.get_by_text(re.compile("^Exact match found")).first.wait_for(timeout=300_000)
+        idle(page, 300_000)
+        page.get_by_text("query", exact=True).wait_for(timeout=60_000)
+        boxes = page.locator("[data-testid=stImage] img").evaluate_all(
+            "els => els.map(e => { const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })")
+        metric = page.locator("[data-testid=stMetric]").first.bounding_box()
+        assert len(boxes) >= 3 + 4  # your image, its match, the query, the K=4 cases
+
+        def overlap(a, b) -> bool:
+            return a[0] < b[0] + b[2] - 1 and b[0] < a[0] + a[2] - 1 and a[1] < b[1] + b[3] - 1 and b[1] < a[1] + a[3] - 1
+
+        m = [metric["x"], metric["y"], metric["width"], metric["height"]]
+        assert not any(overlap(b, m) for b in boxes), (boxes, m)
+        assert not any(overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), boxes
+        main = page.locator("[data-testid=stMain]").bounding_box()
+        assert all(b[0] + b[2] <= main["x"] + main["width"] + 1 for b in boxes)  # nothing runs off the page
+        page.set_viewport_size({"width": 1400, "height": 1000})
+
         # no None / nan on any page
         for link, heading in PAGES:
             _goto(page, link, heading)
