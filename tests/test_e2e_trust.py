@@ -158,7 +158,9 @@ def test_copies_ood_confirmation_lock_and_no_none(server: str, tiny_run: Path, t
         page.get_by_role("button", name=re.compile("Drop the 1 id")).click()
         page.get_by_text("were dropped from this request").wait_for(timeout=60_000)
         idle(page)
-        assert page.get_by_text("Cannot be deleted").count() == 1
+        metric = page.locator("[data-testid=stMetric]").filter(has_text="Cannot be deleted")
+        assert metric.locator("[data-testid=stMetricValue]").inner_text().strip() == "0"
+        assert page.get_by_text(f"{test_id} is in the test split").count() == 0
         assert page.get_by_role("button", name="Delete 1 sample(s)").count() == 1
 
         # 800 px wide: the query image, the prediction and the thumbnails do not overlap (element boxes)
