@@ -88,7 +88,7 @@ class BankStore:
         if not self.path.exists():
             raise MunkeyError(f"No bank store at {self.path}. Create one with BankStore.create or from_bank.")
         self.readonly = readonly
-        self._fsync = os.fdatasync  # the durability barrier (a benchmark may swap it to measure the rest)
+        self.fsync = os.fdatasync  # the durability barrier (bench/perf.py swaps it to measure the rest)
         self._fd = os.open(self.path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
             self._read_header()
@@ -166,7 +166,7 @@ class BankStore:
         if dup or len(np.unique(ids)) != m:
             raise MunkeyError(f"Sample ids must be unique; already present or repeated: {dup[:5]}.")
         if getattr(self, "_redo_dirty", False):  # an applied redo record must not outlive new rows
-            self._fsync(self._redo_fd())
+            self.fsync(self._redo_fd())
             self._redo_dirty = False
         cols = {"ids": ids, "labels": np.asarray(labels, dtype=np.int64), "keys": keys, "values": values,
                 **{f"m:{k}": v for k, v in moments.items()}}
@@ -175,12 +175,12 @@ class BankStore:
             if len(arr) != m:
                 raise MunkeyError(f"append: field '{name}' has {len(arr)} rows, expected {m}.")
             os.pwrite(self._fd, arr.tobytes(), self._offset(name, self.count))
-        self._fsync(self._fd)
+        self.fsync(self._fd)
         rows = self._row
         for r, i in enumerate(ids.tolist()):
             rows[i] = self.count + r
         self._set_count(self.count + m)
-        self._fsync(self._fd)
+        self.fsync(self._fd)
 
     # ------------------------------------------------------------------ reading
     def __len__(self) -> int:
@@ -208,6 +208,10 @@ class BankStore:
 
     def moment(self, name: str) -> np.ndarray:
         return self._mm[f"m:{name}"][:self.count]
+
+    def vacated_keys(self, n: int) -> np.ndarray:
+        """(n, Dk) read-only view of the key rows just past the live ones (zeroed by every deletion)."""
+        return self._mm["keys"][self.count:self.count + n]
 
     def rows_of(self, ids: Iterable[int]) -> np.ndarray:
         """Row positions of `ids` (all must be present)."""
@@ -331,7 +335,7 @@ class BankStore:
             if n > n_after:
                 os.pwrite(self._fd, bytes((n - n_after) * width), self._offset(name, n_after))
         self._set_count(n_after)
-        self._fsync(self._fd)
+        self.fsync(self._fd)
 
     # ------------------------------------------------------------------ redo record
     def _write_redo(self, n: int, n_after: int, moves: list[tuple[int, int]], images: dict[str, np.ndarray]) -> None:
@@ -349,7 +353,7 @@ class BankStore:
         if len(record) > size:  # grow rarely (doubling): a size change costs a metadata commit
             os.ftruncate(fd, max(len(record), 2 * size, 1 << 16))
         os.pwrite(fd, record, 0)
-        self._fsync(fd)
+        self.fsync(fd)
 
     def _clear_redo(self) -> None:
         """Invalidate the applied record (its magic is overwritten). Not synced: replaying an applied
@@ -395,7 +399,7 @@ class BankStore:
             pos += nbytes
         self._apply(n, n_after, [(int(t), -1) for t in targets], images)
         self._clear_redo()
-        self._fsync(self._redo_fd())
+        self.fsync(self._redo_fd())
 
     def _redo_fd(self) -> int:
         if getattr(self, "_rfd", None) is None:

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: markdown tables and synthetic clustered keys.
+"""Helpers shared by the benchmarks: markdown tables, their files, "mean ± sd" cells and synthetic keys.
 
 Keys are synthetic and clustered (CENTRES centres plus noise, unit norm), generated CHUNK rows at a
 time so that a 1M-row bank is built in bounded memory.
@@ -6,8 +6,11 @@ time so that a 1M-row bank is built in bounded memory.
 
 from __future__ import annotations
 
+import csv
 import math
 import statistics
+from pathlib import Path
+from typing import Sequence
 
 KEY_DIM, VALUE_DIM, CENTRES, CHUNK = 1280, 128, 1000, 50_000
 
@@ -48,3 +51,18 @@ def mean_sd(values: list[float]) -> str:
     if len(vals) == 1:
         return f"{vals[0]:.2f}"
     return f"{statistics.mean(vals):.2f} ± {statistics.stdev(vals):.2f}"
+
+
+def write_tables(folder: str | Path, name: str, text: str, rows: Sequence[dict], columns: Sequence[str]) -> Path:
+    """A benchmark's tables as `folder/name.md` (the text as printed) and `folder/name.csv` (one line per
+    row, these columns); returns the Markdown file."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / f"{name}.md"
+    md.write_text(text)
+    with open(out / f"{name}.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(columns))
+        w.writeheader()
+        w.writerows({c: r.get(c) for c in columns} for r in rows)
+    print(f"wrote {md} and .csv")
+    return md

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import csv
 import shlex
 import sys
 import time
@@ -16,7 +15,7 @@ from typing import Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from munkey_core.bench._common import mean_sd
+from munkey_core.bench._common import mean_sd, write_tables
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_json, read_json
 from munkey_core.run.paths import RunPaths
@@ -420,13 +419,6 @@ class FidelityBench:
         print(text)
         print(f"\ntrained {self.trained} model(s) in this run; cached models under {self.work}")
         if self.args.out:
-            out = Path(self.args.out)
-            out.mkdir(parents=True, exist_ok=True)
             name = f"fidelity_{self.args.dataset.replace(':', '_').replace('/', '_')}"
-            (out / f"{name}.md").write_text(text + "\n")
-            with open(out / f"{name}.csv", "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=COLUMNS)
-                w.writeheader()
-                w.writerows({c: r.get(c) for c in COLUMNS} for r in rows)
-            print(f"wrote {out / name}.md and .csv")
+            write_tables(self.args.out, name, text + "\n", rows, COLUMNS)
         return 0

@@ -116,14 +116,14 @@ def bench_deletion(sizes: list[int], quick: bool, seed: int, workdir: Path) -> l
         reps = 20 if quick else 50
         victims = rng.choice(n, 2 * reps + 1000 * (2 if quick else 3), replace=False)
         single = _timeit_each(store.delete, [[int(v)] for v in victims[:reps]])
-        store._fsync = lambda fd: None  # the same work without the device's flush, to show it is flat
+        store.fsync = lambda fd: None  # the same work without the device's flush, to show it is flat
         nosync = _timeit_each(store.delete, [[int(v)] for v in victims[reps:2 * reps]])
-        store._fsync = os.fdatasync
+        store.fsync = os.fdatasync
         victims = np.concatenate([victims[:reps], victims[2 * reps:]])
         batches = [victims[reps + 1000 * i: reps + 1000 * (i + 1)].tolist() for i in range(2 if quick else 3)]
         batch = _timeit_each(store.delete, batches)
         # the purge is physical: the vacated tail is zero and no deleted id is retrievable
-        tail_zero = not np.any(store._mm["keys"][len(store):len(store) + 1000])
+        tail_zero = not np.any(store.vacated_keys(1000))
         gone = not (set(store.ids[store.search(queries[:8], 50)[1].numpy()].ravel().tolist()) & set(victims.tolist()))
         scanned = "n/a"
         if n <= 100_000:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import shlex
 import sys
 import time
@@ -13,6 +12,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from munkey_core.bench._common import write_tables
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_json, read_json
 
@@ -212,13 +212,6 @@ class UliraBench:
         text = self.table(rows, time.perf_counter() - t0)
         print(text)
         if self.args.out:
-            out = Path(self.args.out)
-            out.mkdir(parents=True, exist_ok=True)
-            name = f"ulira_{self.args.dataset.replace(':', '_').replace('/', '_')}"
-            (out / f"{name}.md").write_text(text)
-            with open(out / f"{name}.csv", "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=COLUMNS)
-                w.writeheader()
-                w.writerows({c: r.get(c) for c in COLUMNS} for r in rows)
-            print(f"wrote {out / name}.md and .csv")
+            write_tables(self.args.out, f"ulira_{self.args.dataset.replace(':', '_').replace('/', '_')}", text, rows,
+                         COLUMNS)
         return 0

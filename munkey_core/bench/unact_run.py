@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from munkey_core.bench._common import mean_sd
+from munkey_core.bench._common import mean_sd, write_tables
 from munkey_core.unlearn.classforget import ClassEditor, ClassRequest, class_metrics
 from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, dampen, importance, reference_order
@@ -389,12 +387,5 @@ class UnactBench:
         text = "\n".join(self.lines)
         print(text)
         if a.out:
-            out = Path(a.out)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / f"unact_{name}.md").write_text(text + "\n")
             keys = list(COLUMNS) + sorted({k for r in self.rows for k in r} - set(COLUMNS))
-            with open(out / f"unact_{name}.csv", "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=keys)
-                w.writeheader()
-                w.writerows(self.rows)
-            print(f"\nwritten: {out / f'unact_{name}.md'} and .csv")
+            write_tables(a.out, f"unact_{name}", text + "\n", self.rows, keys)
