@@ -187,7 +187,7 @@ class UnactBench:
     def tune_ssd(self, ed: ClassEditor, bar: tqdm) -> None:
         """One SSD and one LFSSD working point for the dataset: the grid point with the lowest mean over
         the forgotten classes of Af_val + max(0, Ar_val(original) - Ar_val) on the validation split."""
-        from munkey_core.run.classifier import predict_labels
+        from munkey_core.model.classifiers import predict_labels
 
         tr, val = ed.dataset.train, ed.dataset.val
         size = ed.run.cfg.img_size
