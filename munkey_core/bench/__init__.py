@@ -9,6 +9,7 @@ and write them under docs/ when asked to.
 - fidelity.py (with fidelity_run.py): random forgetting against retrained oracles.
 - unact.py (with unact_run.py): UnAct against SSD, LFSSD and class oracles.
 - ulira.py (with ulira_run.py): a per-example unlearning attack (U-LiRA style).
+- duplicates.py: near-duplicate recall@1 of copies of training images.
 - _common.py: markdown tables and synthetic keys.
 Tests: tests/test_bench_fidelity.py, tests/test_bench_unact.py, tests/test_ulira.py, tests/test_runstore.py.
 """

@@ -2,6 +2,7 @@
 
 - views.py: evidence rows, similar samples, `delete_and_measure`, training/deletion/evaluation jobs.
 - auditviews.py: read-only views of the audit log.
+- trust.py: what makes an answer on the dashboard trustworthy.
 - embeddings.py: the two UMAP maps of what a run remembers.
 - classforget_job.py: class unlearning as a background job.
 - jobs.py: a background job a UI polls.

@@ -3,5 +3,6 @@
 - datasets.py: the registry: uint8 images, labels, stable sample ids, splits.
 - images.py: decoding user images into uint8 (H, W, C).
 - sampling.py: seeded subsets (stratified sample, random fraction of ids).
+- duplicates.py: near-duplicate search of uploads against the training images.
 Tests: tests/test_data.py, tests/test_images.py, tests/test_forget.py.
 """

@@ -6,6 +6,7 @@
 - oracles.py: retrained oracles and the measurements compared against them.
 - selection.py: checkpoint selection (`munkey select`).
 - ulira.py: the statistics of the per-example unlearning attack (U-LiRA style).
+- verdicts.py: each forgetting number against its target, with an interval and a plain word.
 Tests: tests/test_metrics.py, tests/test_service.py, tests/test_mia.py, tests/test_oracles.py,
 tests/test_selection.py, tests/test_ulira.py.
 """
