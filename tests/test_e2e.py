@@ -7,6 +7,7 @@ browser upload path, and the page layout actually rendering.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,11 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         page.get_by_role("heading", name="Case evidence").wait_for(timeout=60_000)
         page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files([str(png),
                                                                                   str(tmp_path / "broken.png")])
-        page.get_by_text("Retrieved training cases").wait_for(timeout=60_000)
+        page.get_by_text(re.compile("^Similar training cases")).wait_for(timeout=60_000)
         idle(page)
         assert page.locator("[data-testid=stAlertContentError]").filter(has_text="broken.png").count() == 1
         assert page.locator("[data-testid=stMetricLabel]").filter(has_text="Prediction").count() == 1
+        page.get_by_text("Expert view: ids, weights and votes").first.click()  # the chart is in the expert view
         page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)  # the contributions chart (slow under load)
         page.screenshot(path=str(tmp_path / "evidence.png"))
 
@@ -74,6 +76,7 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         assert page.locator("[data-testid=stException]").count() == 0
         # FA on the deleted samples is reported after the deletion, and the receipt is offered
         assert page.get_by_text("FA after =").count() >= 1
+        page.get_by_role("button", name="Download receipt (JSON)").wait_for(timeout=60_000)  # drawn last
         assert page.get_by_role("button", name="Download receipt (JSON)").count() == 1
         assert page.get_by_role("button", name="Download receipt (HTML)").count() == 1
         page.screenshot(path=str(tmp_path / "deleted.png"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -113,7 +114,8 @@ def test_screenshots_of_every_page(server: str, screens_run: Path, shots_dir: Pa
 
         _goto(page, "Case evidence", "Case evidence")
         page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files([str(png)])
-        page.get_by_text("Retrieved training cases").wait_for(timeout=90_000)
+        page.get_by_text(re.compile("^Similar training cases")).wait_for(timeout=90_000)
+        page.get_by_text("Expert view: ids, weights and votes").first.click()  # the chart is in the expert view
         page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
         _shoot(page, shots_dir / "evidence.png")
 
