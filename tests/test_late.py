@@ -45,7 +45,9 @@ def test_inject_at_zero_is_the_paper_formula_bit_for_bit() -> None:
             tokens = torch.cat([model.embed_image(x), model.exemplar_token(v[:, j])], dim=1)
             paper = model.forward_head(vit.norm(vit.blocks(vit.norm_pre(tokens))))
             assert torch.equal(model(x, v[:, j]), paper)
-            assert torch.equal(model.forward_multi(x, v)[:, j], paper)
+            # forward_multi runs all K neighbours as one (B*K) batch: the same formula, but BLAS may
+            # block a batch of another shape differently, so equal up to float32 rounding only.
+            assert torch.allclose(model.forward_multi(x, v)[:, j], paper, rtol=0, atol=1e-6)
 
 
 def test_late_model_is_not_the_paper_model_with_the_same_weights() -> None:
@@ -160,7 +162,7 @@ def test_distributed_launcher_honours_inject_at(late_run: Path, tmp_path: Path,
 def test_bench_fidelity_late_variant_munkey_rows_only(cache_dir: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture) -> None:
     argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "tiny", "--seed-list", "0", "--rates", "0.1",
-            "--epochs", "3", "--mia", "cheap", "--methods", "", "--inject-at", "1", "--work", str(tmp_path / "work"),
+            "--epochs", "3", "--mia", "cheap", "--methods", "", "--floor-oracles", "0", "--inject-at", "1", "--work", str(tmp_path / "work"),
             "--out", str(tmp_path / "out")]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -173,6 +175,7 @@ def test_bench_fidelity_late_variant_munkey_rows_only(cache_dir: Path, tmp_path:
     (oracle,) = (root / "munkey" / "oracles").iterdir()
     assert json.loads((oracle / "config.json").read_text())["model"]["inject_at"] == 1
     rows = list(csv.DictReader(open(tmp_path / "out" / "fidelity_digits.csv")))
-    assert [r["method"] for r in rows] == ["Retrain (M-oracle, late@1)", "MUNKEY (key deletion, late@1)"]
-    assert float(rows[0]["AvgGap"]) == 0.0 and rows[1]["AvgGap"] != ""
+    assert [r["method"] for r in rows] == ["Retrain (M-oracle, late@1)", "MUNKEY, no unlearning (positive control)",
+                                           "MUNKEY (key deletion, late@1)"]
+    assert float(rows[0]["AvgGap"]) == 0.0 and rows[2]["AvgGap"] != ""
     assert "late injection at block 1" in (tmp_path / "out" / "fidelity_digits.md").read_text()
