@@ -224,8 +224,11 @@ def test_unact_is_deterministic(vit_editor: ClassEditor, resnet_editor: ClassEdi
 
 
 def test_unact_forgets_the_class_and_keeps_the_rest(resnet_editor: ClassEditor) -> None:
-    # a 64-channel tiny ResNet: p 90 dampens 7 channels a round (p 99 is the 512-channel working point)
-    req, _, _ = resnet_editor.request("unact", resnet_editor.class_images(3), cfg=UnActConfig(p=90, gamma=0.1, k=10))
+    # a 64-channel tiny ResNet: p 90 dampens 7 channels a round (p 99 is the 512-channel working point).
+    # The attribution score: the paper's activation score barely moves a net this narrow (Af 100 -> 81 here,
+    # 87.6 % on the width-16 digits ResNet in docs/results/unact_digits_resnet18.md), so it is no test of forgetting.
+    req, _, _ = resnet_editor.request("unact", resnet_editor.class_images(3),
+                                      cfg=UnActConfig(p=90, gamma=0.1, k=10, score="attribution"))
     assert req.cls == 3 and req.pseudo_label == 3
     assert req.before.Af > 80
     assert req.after.Af < req.before.Af - 40
