@@ -3,7 +3,7 @@
 Each write goes to a temporary file in the same directory, is fsync'ed, renamed over the target
 with os.replace (atomic on POSIX), and the directory is fsync'ed so the rename itself is durable.
 Below every other package (the bank, the key cache and the run directory all write through it).
-Tests: tests/test_atomicity.py, tests/test_keys.py (the key cache).
+Tests: tests/run/test_atomicity.py, tests/keys/test_keys.py (the key cache).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One `MunkeyRun` is one loaded run (run/loaded.py `LoadedMunkeyRun`: model, bank,
 the thread lock and the run directory's file lock, search and prediction) plus the operations a
 user asks for by name. Opening a run finishes an interrupted deletion (forget/request.py);
 `forget` is an audited request; `evaluate` measures TA, RA, FA, MIA and Ps (eval/evaluate.py).
-Tests: tests/test_service.py, tests/test_cli.py, tests/test_forget.py.
+Tests: tests/test_service.py, tests/test_cli.py, tests/forget/test_forget.py.
 """
 
 from __future__ import annotations

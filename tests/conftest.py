@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+# tests live in one folder per package (tests/forget/, tests/audit/, ...); the shared helpers
+# (_helpers, _browser) stay here, so this folder is importable from every one of them
+sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the operator's keys (signing, subject pseudonyms) of the test session: never the user's own
 os.environ.setdefault("MUNKEY_CONFIG_DIR", tempfile.mkdtemp(prefix="munkey-test-config-"))

@@ -42,7 +42,7 @@ def test_deletion_survives_reload_and_deleted_ids_are_never_evidence(tiny_run: P
 
 
 def test_ids_in_forgotten_json_without_a_journal_are_not_deleted_on_open(tiny_run: Path) -> None:
-    # only a journal commits a deletion (interrupted ones: tests/test_atomicity.py); an id written into
+    # only a journal commits a deletion (interrupted ones: tests/run/test_atomicity.py); an id written into
     # forgotten.json by hand is reported by 'munkey audit verify', never deleted without a request
     run = MunkeyRun(tiny_run, device="cpu")
     victims = run.bank.ids[:3].tolist()

@@ -5,5 +5,5 @@
 - canonical.py: canonical JSON (RFC 8785) and the hashes built on it.
 - receipts.py: a JSON and an HTML receipt per request, checkable against the log.
 - signing.py: the operator's keys outside every run (Ed25519 signatures, subject pseudonyms).
-Tests: tests/test_audit.py, tests/test_postgres.py, tests/test_atomicity.py.
+Tests: tests/audit/test_audit.py, tests/audit/test_postgres.py, tests/run/test_atomicity.py.
 """

@@ -13,7 +13,7 @@ One table may hold many runs' chains (PostgreSQL, shared deployments): each run 
   `postgres` extra). Appends take a transaction-scoped advisory lock per run, so processes on
   different hosts serialise too; the primary key (run_id, seq) forbids a fork of the chain.
 Cost: reading the chain is one query; an append is one short transaction.
-Tests: tests/test_audit.py (SQLite), tests/test_postgres.py (a real PostgreSQL server).
+Tests: tests/audit/test_audit.py (SQLite), tests/audit/test_postgres.py (a real PostgreSQL server).
 """
 
 from __future__ import annotations

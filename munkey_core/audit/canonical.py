@@ -6,7 +6,7 @@ escaped as ECMAScript's JSON.stringify does, numbers in ECMAScript's shortest ro
 (1.0 -> "1", 1e-7 -> "1e-7", 1e21 -> "1e+21"). Only dict, list, str, int (|x| <= 2**53 - 1, I-JSON's
 safe range), float (finite), bool and None are accepted; anything else is a bug and raises TypeError /
 ValueError.
-Tests: tests/test_audit.py (RFC 8785 number vectors, round trip), tests/test_canonical_oracle.py
+Tests: tests/audit/test_audit.py (RFC 8785 number vectors, round trip), tests/audit/test_canonical_oracle.py
 (byte for byte against the rfc8785 package).
 """
 

@@ -19,7 +19,7 @@ run but not read that key can no longer rewrite the end of the log unnoticed. An
 is accepted only for a log no signing version wrote to ("older format"). Threat model and limits
 (a whole-folder rollback to an earlier signed state is caught by receipts, not by the log alone):
 docs/compliance_threat_model.md.
-Tests: tests/test_audit.py, tests/test_postgres.py.
+Tests: tests/audit/test_audit.py, tests/audit/test_postgres.py.
 """
 
 from __future__ import annotations

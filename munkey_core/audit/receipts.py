@@ -9,7 +9,7 @@ run's log is intact (log.verify_run); the log still holds this very entry; and t
 the head the receipt saw (so nothing up to it was rewritten since). Receipts of format 1 (older,
 unsigned) verify as "unsigned (older format)".
 Files: `<run>/receipts/<request_id>.json` and `.html` (self-contained, no external resources).
-Tests: tests/test_audit.py, tests/test_receipt_html.py (the page: escaping, content).
+Tests: tests/audit/test_audit.py, tests/audit/test_receipt_html.py (the page: escaping, content).
 """
 
 from __future__ import annotations

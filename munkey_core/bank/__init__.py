@@ -3,5 +3,5 @@
 - memory.py: the bank in RAM: exact top-K search, physical deletion, fingerprint.
 - store.py: the bank on disk: a fixed-row file with O(1) in-place deletion.
 - ann.py: approximate top-K (IVF) over a store.
-Tests: tests/test_memory.py, tests/test_perf_bankstore.py, tests/test_perf_ann.py.
+Tests: tests/bank/test_memory.py, tests/bank/test_perf_bankstore.py, tests/bank/test_perf_ann.py.
 """

@@ -13,7 +13,7 @@ Deletion keeps the store's guarantees:
   `fit` says so by taking the training keys explicitly.
 Build it after the last append (rows appended later are not indexed). The index is derived data kept in memory (4 + 8 bytes per row plus the lists); rebuilding it is
 one assignment pass, O(N * nlist * Dk).
-Tests: tests/test_perf_ann.py.
+Tests: tests/bank/test_perf_ann.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Storage: dense torch tensors, one row per training sample, plus a dict id -> row
 - save: one .npz written to a temporary file, fsync'ed, then renamed over the old one.
 
 Row order is therefore *not* stable across deletions; always address samples by id.
-Tests: tests/test_memory.py.
+Tests: tests/bank/test_memory.py.
 """
 
 from __future__ import annotations

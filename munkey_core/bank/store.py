@@ -33,7 +33,7 @@ deletion on a freshly opened store finds its rows by a vectorised scan of the id
 
 Caveats: on copy-on-write filesystems (btrfs, ZFS) or SSD firmware an overwrite may leave old
 blocks allocated until reused; that is true of every in-place or rename-based purge.
-Tests: tests/test_perf_bankstore.py.
+Tests: tests/bank/test_perf_bankstore.py.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ and write them under docs/ when asked to.
 - ulira.py (with ulira_run.py): a per-example unlearning attack (U-LiRA style).
 - duplicates.py: near-duplicate recall@1 of copies of training images.
 - _common.py: markdown tables and synthetic keys.
-Tests: tests/test_bench_fidelity.py, tests/test_bench_unact.py, tests/test_ulira.py, tests/test_runstore.py.
+Tests: tests/bench/test_bench_fidelity.py, tests/bench/test_bench_unact.py, tests/eval/test_ulira.py, tests/run/test_runstore.py.
 """
 
 from __future__ import annotations

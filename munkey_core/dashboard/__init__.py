@@ -6,5 +6,5 @@
 - embeddings.py: the two UMAP maps of what a run remembers.
 - classforget_job.py: class unlearning as a background job.
 - jobs.py: a background job a UI polls.
-Tests: tests/test_views.py, tests/test_embeddings.py, tests/test_app*.py.
+Tests: tests/dashboard/test_views.py, tests/dashboard/test_embeddings.py, tests/test_app*.py.
 """

@@ -3,7 +3,7 @@
 Nothing here writes to the run: receipts are rebuilt in memory for download, and an uploaded
 receipt is checked in memory. The log's location comes from the run ($MUNKEY_AUDIT_URL for a
 PostgreSQL log). Cost: one read of the log and one chain verification per call.
-Tests: tests/test_audit.py (views), tests/test_app.py (the page).
+Tests: tests/audit/test_audit.py (views), tests/app/test_app.py (the page).
 """
 
 from __future__ import annotations

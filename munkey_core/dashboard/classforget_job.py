@@ -7,7 +7,7 @@ request on the editor's full test set and, when asked, the comparison methods (S
 classifier run; key deletion alone and UnAct alone on a MUNKEY run; masking the class's logit on
 both) on the same images.
 The edited model stays in memory until `keep` saves it as a new run (or the job is dropped).
-Tests: tests/test_app_class.py.
+Tests: tests/app/test_app_class.py.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Both maps show the same seeded subsample of at most `max_points` training sample
 are kept first, so they stay visible). UMAP is the long part (numba compiles its kernels on the
 first call in a process, ~10-30 s; then a few seconds per 1,000-3,000 points on 2 cores), hence
 `EmbeddingJob`, which computes the maps off the UI thread and reports its stage.
-Tests: tests/test_embeddings.py.
+Tests: tests/dashboard/test_embeddings.py.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ States: idle -> running -> done | failed; a failed job may be started again, a r
 one is not. A MunkeyError's message is kept in `error`; any other exception is kept as a
 one-line message and its traceback goes to stderr, so the UI stays alive and the log keeps the bug.
 Subclasses implement `task()` and may override `reset()` to clear their own progress fields.
-Tests: tests/test_views.py (TrainingJob), tests/test_embeddings.py (EmbeddingJob), tests/test_app.py (DeletionJob,
-EvaluationJob), tests/test_app_class.py (ClassUnlearnJob).
+Tests: tests/dashboard/test_views.py (TrainingJob), tests/dashboard/test_embeddings.py (EmbeddingJob), tests/app/test_app.py (DeletionJob,
+EvaluationJob), tests/app/test_app_class.py (ClassUnlearnJob).
 """
 
 from __future__ import annotations

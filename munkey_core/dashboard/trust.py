@@ -10,7 +10,7 @@
 
 Costs: `copy_index` is one pass over the training images plus a calibration of ~100 validation
 searches (seconds; cache it per run); `similarity_calibration` is one bank search of <= 1,000
-validation keys. Tests: tests/test_trust.py.
+validation keys. Tests: tests/dashboard/test_trust.py.
 """
 
 from __future__ import annotations

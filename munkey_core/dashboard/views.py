@@ -13,7 +13,7 @@ this module or from `service.MunkeyRun`:
 
 Costs: everything here is a few forwards or one bank search, except `delete_and_measure`, which
 runs `MunkeyRun.evaluate` once or twice (each <= max_samples images per set, K forwards each).
-Tests: tests/test_views.py.
+Tests: tests/dashboard/test_views.py.
 """
 
 from __future__ import annotations

@@ -4,5 +4,5 @@
 - images.py: decoding user images into uint8 (H, W, C).
 - sampling.py: seeded subsets (stratified sample, random fraction of ids).
 - duplicates.py: near-duplicate search of uploads against the training images.
-Tests: tests/test_data.py, tests/test_images.py, tests/test_forget.py.
+Tests: tests/data/test_data.py, tests/data/test_images.py, tests/forget/test_forget.py.
 """

@@ -20,7 +20,7 @@ ELPV 236 MB, PathMNIST-28 252 MB); nothing is cached on disk. Load times on a 2-
 Fashion-MNIST .gz 0.25 s, PathMNIST-28 npz 0.45 s, image folders at the PNG decoder's pace (ELPV:
 ~6 s for 2,624 300x300 PNGs). `lookup` builds a sorted id index once per Dataset (O(N log N)),
 then costs O(k log N) for k ids. Splits we carve (val from train, or 70/10/20 where the source has
-none) are stratified and depend only on `seed`. Covered by tests/test_data.py.
+none) are stratified and depend only on `seed`. Covered by tests/data/test_data.py.
 """
 
 from __future__ import annotations

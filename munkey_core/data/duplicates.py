@@ -25,7 +25,7 @@ answers the second question in pixel space, at the dataset's own (native) resolu
 Costs: building the index is one pass over the training images (thumbnails; Fashion-MNIST's 54,000
 in ~5 s); a search is one (N x <=256) matrix-vector product plus a few hundred small resizes,
 ~10-100 ms per upload. Recall: docs/results/near_duplicates.md (`munkey bench duplicates`).
-Tests: tests/test_duplicates.py.
+Tests: tests/data/test_duplicates.py.
 """
 
 from __future__ import annotations

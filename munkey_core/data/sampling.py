@@ -2,7 +2,7 @@
 
 The same seed always gives the same subset (datasets' `max_train` cut, the class-unlearning test
 subset, random forget sets, selection's validation forget split).
-Tests: tests/test_data.py (stratified cut), tests/test_forget.py (random_ids).
+Tests: tests/data/test_data.py (stratified cut), tests/forget/test_forget.py (random_ids).
 """
 
 from __future__ import annotations

@@ -7,6 +7,6 @@
 - selection.py: checkpoint selection (`munkey select`).
 - ulira.py: the statistics of the per-example unlearning attack (U-LiRA style).
 - verdicts.py: each forgetting number against its target, with an interval and a plain word.
-Tests: tests/test_metrics.py, tests/test_service.py, tests/test_mia.py, tests/test_oracles.py,
-tests/test_selection.py, tests/test_ulira.py.
+Tests: tests/eval/test_metrics.py, tests/test_service.py, tests/eval/test_mia.py, tests/eval/test_oracles.py,
+tests/eval/test_selection.py, tests/eval/test_ulira.py.
 """

@@ -11,7 +11,7 @@
 FA and MIA are computed by one function (`_forget_accuracy_and_mia`) in all three.
 Each set is a seeded subsample of at most `max_samples` (0 = all). Cost: K forwards per image over
 <= max_samples test images (three times: both pathways, image, token), retain and forget images.
-Tests: tests/test_service.py (FA before/after), tests/test_audit.py (a request's evidence).
+Tests: tests/test_service.py (FA before/after), tests/audit/test_audit.py (a request's evidence).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
   the figure membership attacks are judged by (LiRA, Carlini et al. 2022), not AUC alone. The
   negatives (test samples) are reweighted to the forget set's class mix, the pooled analogue of the
   class-balanced AUC. With n negatives an FPR below 1/n means "above every negative".
-Tests: tests/test_metrics.py (auc and mia_auc against sklearn.metrics.roc_auc_score, ties included; the TPRs
+Tests: tests/eval/test_metrics.py (auc and mia_auc against sklearn.metrics.roc_auc_score, ties included; the TPRs
 against sklearn.metrics.roc_curve and a threshold sweep).
 """
 

@@ -20,7 +20,7 @@ Reference models (`oracles.train_reference_models`) are of the target's own fami
 for a MUNKEY target, plain ViTs for a ViT and the post-hoc methods), trained with its recipe on random
 halves of the training split *minus the forget sets*, so every forget sample and every test sample is
 "out" for every reference: both sets are scored against the same references (symmetric), with all
-of them in the mean. Tests: tests/test_mia.py.
+of them in the mean. Tests: tests/eval/test_mia.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ only next to it (`floor_seeds` names the seeds, `evaluate_against_oracle(noise_f
 `EvalSets` (seeded subsamples of test, retain and forget rows), so a model and its oracle are always
 compared on the same samples. MIA is the cheap attack unless a `StrongAttack` bound to the same
 forget and test rows is given; each result names its attack and carries its TPR at 1% and 0.1% FPR.
-Tests: tests/test_oracles.py.
+Tests: tests/eval/test_oracles.py.
 """
 
 from __future__ import annotations

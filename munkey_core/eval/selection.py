@@ -12,7 +12,7 @@ looking at the test split:
 3. the selected checkpoint has the lowest Avg Gap among those with Ps <= `max_ps` (none if no
    checkpoint is balanced enough; the report says so).
 `write_selected` writes the chosen checkpoint as a new run directory (the original is untouched);
-it is the run to use for deletions from then on. Tests: tests/test_selection.py.
+it is the run to use for deletions from then on. Tests: tests/eval/test_selection.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Variance: one per side pooled over targets (LiRA's "fixed variance", stable with
 per target. `ulira_report` turns the (S, T) scores into the attack's accuracy (decide "unlearned"
 when the ratio favours it, the Bayes rule at equal priors), AUC and TPR at 1% / 0.1% FPR, each with a
 95% bootstrap interval over target examples (the unit the claim is about). 50% accuracy and AUC =
-unlearned models look exactly like retrained ones. Tests: tests/test_ulira.py.
+unlearned models look exactly like retrained ones. Tests: tests/eval/test_ulira.py.
 """
 
 from __future__ import annotations

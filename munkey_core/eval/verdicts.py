@@ -13,7 +13,7 @@ says one of three words:
 Targets: FA against the accuracy on unseen (test) samples of the same classes (`class_matched_accuracy`)
 or an oracle's FA; MIA (AUC %) against 50 (indistinguishable from unseen data); Af against the
 class oracle's Af or 0. Intervals: Wilson score for accuracies, Hanley & McNeil (1982) for an AUC.
-The dashboard and the receipts use these same functions. Tests: tests/test_verdicts.py.
+The dashboard and the receipts use these same functions. Tests: tests/eval/test_verdicts.py.
 """
 
 from __future__ import annotations

@@ -4,5 +4,5 @@
   receipt; roll-forward when a run is opened.
 - evidence.py: what a receipt proves: fingerprints, retrieval and stored-copies checks.
 - ids.py: a request's ids from text, CSV, a file or an upload.
-Tests: tests/test_forget.py, tests/test_atomicity.py, tests/test_audit.py, tests/test_purge.py.
+Tests: tests/forget/test_forget.py, tests/run/test_atomicity.py, tests/audit/test_audit.py, tests/run/test_purge.py.
 """

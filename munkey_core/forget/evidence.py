@@ -8,7 +8,7 @@
   well above the K used at inference; and none of them is in the bank in memory, in the bank file
   or in any checkpoint. Cost: two bank searches and reading the id column of each saved file.
 (FA and the membership attack on a request's samples are eval/evaluate.py `request_accuracy_and_mia`.)
-Tests: tests/test_audit.py, tests/test_purge.py.
+Tests: tests/audit/test_audit.py, tests/run/test_purge.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Malformed input raises MunkeyError naming the bad tokens, before anything is deleted. (A random
 fraction of the bank is `data.sampling.random_ids`; the deletion itself is forget/request.py.)
-Tests: tests/test_forget.py.
+Tests: tests/forget/test_forget.py.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ wholly after a request. A journal whose request still runs (its process holds th
 is never finished by anyone else. Only a journal commits a deletion: ids that forgotten.json lists
 but the bank holds (a stale file copied back, an id added by hand) are never deleted on open;
 `munkey audit verify` reports them. The crash points named in CRASH_STEPS let
-tests/test_atomicity.py SIGKILL a deletion at each step.
+tests/run/test_atomicity.py SIGKILL a deletion at each step.
 Nothing in the journal, the log or a receipt is a vector: only ids, hashes and metrics.
 """
 

@@ -43,7 +43,7 @@ Cache (`cached_keys`): `<cache_dir>/keys/<dataset>-<split>-<encoder>-r<res>-<sha
 bytes + id bytes), so changed data or preprocessing never returns stale keys. Hashing reads the
 images once (~1 GB/s). Files are written atomically; a damaged file is deleted and recomputed.
 
-Tests: tests/test_keys.py.
+Tests: tests/keys/test_keys.py.
 """
 
 from __future__ import annotations

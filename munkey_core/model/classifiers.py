@@ -9,7 +9,7 @@ MUNKEY ViT without its exemplar token). Both expose `forward_features(x)` and
   narrower w, which costs about (w/64)^2 of the compute). `layer4[-1]` is the block whose 8w output
   channels UnAct scores; `fc` is the classifier.
 - ViT: timm's VisionTransformer with the same sizes as the MUNKEY backbone (ModelConfig).
-Tests: tests/test_posthoc.py, tests/test_unact.py, tests/test_ssd.py.
+Tests: tests/unlearn/test_posthoc.py, tests/unlearn/test_unact.py, tests/unlearn/test_ssd.py.
 """
 
 from __future__ import annotations

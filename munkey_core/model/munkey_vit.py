@@ -10,7 +10,7 @@ block L, so blocks [0, L) see only [CLS, patches...] and the K-neighbour ensembl
 image. `inject_at = 0` (the default) is the paper's design. A late model is a different model,
 trained with the same recipe (`munkey train --inject-at L`), not a way to run a trained paper-design
 model (docs/performance.md has the speed and the Avg Gap of late@3 on the cpu profile).
-Tests: tests/test_model.py, tests/test_late.py, tests/test_perf_late.py.
+Tests: tests/model/test_model.py, tests/model/test_late.py, tests/model/test_perf_late.py.
 
 Cost: one forward is a plain ViT forward with one extra token (N+2 tokens instead of N+1); the
 K-ensemble costs L + K * (depth - L) block passes per image instead of K * depth.

@@ -5,5 +5,5 @@
 - lock.py: the inter-process run lock and the crash-point test hook.
 - loaded.py: the run interface every layer above works with (`LoadedRun`, `LoadedMunkeyRun`,
   `ClassifierRun`, `DeletionTarget`, `load_run`).
-Tests: tests/test_runstore.py, tests/test_atomicity.py, tests/test_service.py.
+Tests: tests/run/test_runstore.py, tests/run/test_atomicity.py, tests/test_service.py.
 """

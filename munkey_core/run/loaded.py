@@ -20,8 +20,8 @@
 - `load_run(path)`: a run of either kind.
 Cost: opening reads the weights and the whole bank (keys, exemplars, moments) into memory once;
 `reload_if_changed` is two stat calls unless another process deleted.
-Tests: tests/test_service.py, tests/test_runstore.py (format-1 runs), tests/test_atomicity.py,
-tests/test_classforget.py (both kinds).
+Tests: tests/test_service.py, tests/run/test_runstore.py (format-1 runs), tests/run/test_atomicity.py,
+tests/unlearn/test_classforget.py (both kinds).
 """
 
 from __future__ import annotations

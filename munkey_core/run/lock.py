@@ -8,7 +8,7 @@ appends keeps the one lock). Waiting gives up after $MUNKEY_LOCK_TIMEOUT seconds
 POSIX only (fcntl).
 
 `crash_point(step)`: when $MUNKEY_CRASH_AT equals `step`, the process SIGKILLs itself there. The
-deletion protocol names its steps (see deletion.CRASH_STEPS); tests/test_atomicity.py kills a
+deletion protocol names its steps (see deletion.CRASH_STEPS); tests/run/test_atomicity.py kills a
 deletion at each one and checks the run is then wholly before or wholly after it.
 """
 

@@ -24,8 +24,8 @@ exclusive lock, before any interrupted deletion is finished:
 A crash before step 3 leaves a format-1 run that the next open migrates again (each step is
 redone from the format-1 files, which are still complete); after it, the next open removes a
 leftover bank.npz. Cost: one O(N) copy, once.
-Tests: tests/test_runstore.py (migration, crash at each migration step), tests/test_purge.py,
-tests/test_atomicity.py.
+Tests: tests/run/test_runstore.py (migration, crash at each migration step), tests/run/test_purge.py,
+tests/run/test_atomicity.py.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from munkey_core.run.lock import crash_point
 from munkey_core.atomic import atomic_torch_save, atomic_write_json, fsync_dir, read_json
 
 STORE_FORMAT = 2
-MIGRATION_CRASH_STEPS = ("migrate-bank", "migrate-checkpoint", "migrate-config")  # tests/test_runstore.py
+MIGRATION_CRASH_STEPS = ("migrate-bank", "migrate-checkpoint", "migrate-config")  # tests/run/test_runstore.py
 ROWS_SUFFIX = ".rows"
 
 

@@ -5,5 +5,5 @@
 - runs.py: a run directory from a dataset (`train_run`, `write_run`) and retraining (oracles).
 - classifier.py: ResNet-18 / plain ViT classifier runs.
 - torchfix.py: work-arounds for the pinned torch build.
-Tests: tests/test_train.py, tests/test_ddp.py, tests/test_oracles.py.
+Tests: tests/training/test_train.py, tests/training/test_ddp.py, tests/eval/test_oracles.py.
 """

@@ -5,7 +5,7 @@ excluded classes), model.pt and history.json (run/loaded.py `ClassifierRun` open
 oracles are classifier runs trained with `exclude_classes` (the same recipe on the retain data).
 The recipe: AdamW, linear warm-up then cosine decay, random-shift augmentation, cross-entropy; the
 same as MUNKEY's (training/train.py) so the two compare fairly.
-Cost: one plain forward/backward per image and epoch. Tests: tests/test_classforget.py, tests/test_mia.py.
+Cost: one plain forward/backward per image and epoch. Tests: tests/unlearn/test_classforget.py, tests/eval/test_mia.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ loop is train.py's (one loop for one or many processes), this module launches it
 - Each rank's loss is sum(CE over its shard) * world / B, so the averaged gradient equals the
   gradient of the global batch mean even when the last batch splits unevenly.
 Rank 0 validates, writes checkpoints and the run directory. With one process it is plain training.
-Tests: tests/test_ddp.py (2 CPU processes vs single-process `train_munkey`).
+Tests: tests/training/test_ddp.py (2 CPU processes vs single-process `train_munkey`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 - `retrain`: a run's recipe trained again, as the same kind of run or as a plain ViT, without some
   classes or ids: the oracles of eval/oracles.py and unlearn/classforget.py.
 Cost: the key encoder's pass over the splits once (cached on disk), then training (train.py).
-Tests: tests/test_service.py, tests/test_oracles.py, tests/test_classforget.py.
+Tests: tests/test_service.py, tests/eval/test_oracles.py, tests/unlearn/test_classforget.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Work-arounds for bugs in the torch build we pin (torch 2.14 on CPU), each with the test that shows it.
 
 - oneDNN's backward through our models crashes the process (double free) on odd batch sizes above 1
-  when torch runs more than one thread (found by tests/test_ssd.py with the default thread count).
+  when torch runs more than one thread (found by tests/unlearn/test_ssd.py with the default thread count).
   `odd_batch_guard(n)` turns oneDNN off for such a batch only, so even batches keep the fast path and
   timings stay comparable. Used by SSD's importance pass and, as a precaution for an odd-sized last
   batch, by the training loops.

@@ -20,7 +20,7 @@ The backbone is wrapped in DDP; the exemplar rows of the batch (B x Dv, not N x 
 gradients all-reduced, so every rank takes the same AdamW step on every row. Each rank's loss is
 sum(CE over its shard) * world / B, so the averaged gradient is that of the global batch mean even
 when the last batch splits unevenly. Rank 0 validates and writes the checkpoints.
-Tests: tests/test_train.py, tests/test_ddp.py (2 processes equal 1).
+Tests: tests/training/test_train.py, tests/training/test_ddp.py (2 processes equal 1).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ as a *new* run directory (`save`). What each method reads:
   class's keys and exemplars all remain, so a probe on the features or a retrieval still finds it.
 Accuracies: Af = test accuracy on the forgotten class, Ar = on the other classes; with a class oracle
 (the same recipe trained without the class, `oracles/class_C/` inside the run) Delta = |Ar - Ar*| +
-|Af - Af*|. Tests: tests/test_classforget.py.
+|Af - Af*|. Tests: tests/unlearn/test_classforget.py.
 """
 
 from __future__ import annotations

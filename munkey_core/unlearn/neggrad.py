@@ -3,7 +3,7 @@
 Per step: loss = beta * CE(retain batch) - (1 - beta) * CE(forget batch) (Kurmanji et al. 2023), one
 pass over the retain set per epoch with forget batches cycled. Needs labels, retain data and
 backprop. Our defaults (the paper does not fix them for our models): 1 epoch, AdamW lr 1e-4,
-beta 0.95, batch 64. Tests: tests/test_posthoc.py.
+beta 0.95, batch 64. Tests: tests/unlearn/test_posthoc.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ time (seconds of the method itself, evaluation excluded). Methods (the MUNKEY pa
 - `amnesiac` (Graves et al. 2021): the forget samples get random wrong labels and the model is
   fine-tuned for one epoch on them together with the retain set (AdamW lr 1e-4, batch 64).
 All need labels and backprop; NegGrad+, SCRUB and Amnesiac also need the retain data.
-Tests: tests/test_posthoc.py.
+Tests: tests/unlearn/test_posthoc.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Each epoch: while epoch < max_epochs, one "max" pass over the forget set minimis
 -KL(teacher || student); then one "min" pass over the retain set minimising
 gamma * CE + alpha * KL(teacher || student), both at temperature T. Needs labels, retain data and
 backprop. Our defaults: 3 epochs, 1 max epoch, AdamW lr 2e-4, T 4, alpha 0.5, gamma 1, batch 64.
-Tests: tests/test_posthoc.py.
+Tests: tests/unlearn/test_posthoc.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ dampen far more of the network. I_D therefore depends on the forget class and is
 I_D is the expensive part (a backward pass over the whole training set); `importance` results are
 cached on disk by `cached_importance` (keyed by the model's fingerprint, method and batch size), so a
 request can be timed "cold" (I_D computed) and "warm" (I_D read). The model is kept in eval mode
-(BatchNorm statistics frozen). Tests: tests/test_ssd.py.
+(BatchNorm statistics frozen). Tests: tests/unlearn/test_ssd.py.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ per request and keeps sequential requests from eating the layer.
 
 Cost: one batched forward over the n images per round (the first also gives the pseudo-label); no
 autograd graph is ever built (everything runs under torch.no_grad) and no parameter's requires_grad
-is touched. Deterministic given model, images and (p, gamma, k). Tests: tests/test_unact.py.
+is touched. Deterministic given model, images and (p, gamma, k). Tests: tests/unlearn/test_unact.py.
 """
 
 from __future__ import annotations

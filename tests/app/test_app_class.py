@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from munkey_core.run.rows import load_bank
 
-APP = Path(__file__).resolve().parents[1] / "app.py"
+APP = Path(__file__).resolve().parents[2] / "app.py"
 TOKEN = "class token"
 
 

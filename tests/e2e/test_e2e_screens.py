@@ -1,6 +1,6 @@
 """Screenshots of every dashboard page from a real `streamlit run app.py` in Chromium (Playwright).
 
-Same skip rules as tests/test_e2e.py. Visits Overview, Case evidence (an uploaded digit with its
+Same skip rules as tests/e2e/test_e2e.py. Visits Overview, Case evidence (an uploaded digit with its
 neighbours), Deletion requests (a preview), Audit log and Embeddings (both maps, then a lasso
 selection with its thumbnails) and saves a full-page PNG of each.
 

@@ -1,7 +1,7 @@
 """munkey_core.dashboard.embeddings: the two UMAP maps, tested without Streamlit on the tiny digits run.
 
 UMAP is kept small (150 points, 8 neighbours, 50 epochs); the first fit in the process still pays
-numba's compilation (~10-20 s), shared with tests/test_app_embeddings.py when run together.
+numba's compilation (~10-20 s), shared with tests/app/test_app_embeddings.py when run together.
 """
 
 from __future__ import annotations

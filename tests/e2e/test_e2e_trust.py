@@ -2,7 +2,7 @@
 warnings, the deletion confirmation that resets, Delete locked during a job, and no "None"/"nan".
 
 A real `streamlit run app.py` on a copy of the tiny digits run, driven by Chromium through Playwright
-(same skip rules as tests/test_e2e.py).
+(same skip rules as tests/e2e/test_e2e.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from streamlit.testing.v1.errors import AppTestError
 
 from munkey_core.run.rows import load_bank
 
-APP = Path(__file__).resolve().parents[1] / "app.py"
+APP = Path(__file__).resolve().parents[2] / "app.py"
 TIMEOUT = 60
 TOKEN = "correct horse battery staple"
 

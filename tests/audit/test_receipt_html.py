@@ -11,7 +11,7 @@ from pathlib import Path
 
 from munkey_core.audit.receipts import render_html
 
-SAMPLE = json.loads((Path(__file__).resolve().parents[1] / "docs" / "sample_receipt.json").read_text())
+SAMPLE = json.loads((Path(__file__).resolve().parents[2] / "docs" / "sample_receipt.json").read_text())
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)> & "quoted" \'single\''
 
 

@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from munkey_core.service import MunkeyRun
 
-APP = Path(__file__).resolve().parents[1] / "app.py"
+APP = Path(__file__).resolve().parents[2] / "app.py"
 TIMEOUT = 90
 
 
