@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Container, Protocol, Sequence
@@ -69,7 +70,7 @@ def run_kind(path: str | Path) -> str:
     return str(read_json(cfg_path).get("kind", "munkey"))
 
 
-class LoadedRun:
+class LoadedRun(ABC):
     """What every loaded run has. Subclasses build `self.model` and call `load_weights` once."""
 
     kind: str = ""
@@ -97,9 +98,9 @@ class LoadedRun:
         return self.paths.root
 
     @property
+    @abstractmethod
     def img_size(self) -> int:
         """The side the model's input is resized to."""
-        raise NotImplementedError
 
     @property
     def class_names(self) -> list[str]:
@@ -133,11 +134,11 @@ class LoadedRun:
         x = torch.from_numpy(np.ascontiguousarray(images_u8)).to(self.device)
         return preprocess_images(x, self.img_size)
 
+    @abstractmethod
     def predict_split(self, split: str, index: np.ndarray, model: torch.nn.Module | None = None,
                       bank: MemoryBank | None = None) -> np.ndarray:
         """Labels predicted for rows `index` of a dataset split under `model` (default: the run's own)
         and, for a MUNKEY run, `bank` (default: the run's current bank)."""
-        raise NotImplementedError
 
 
 class DeletionTarget(Protocol):
