@@ -78,3 +78,15 @@ def idle(page, timeout_ms: int = 180_000) -> None:
     """Wait until the script run finished (Streamlit shows its status widget while running)."""
     page.wait_for_timeout(400)
     page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=timeout_ms)
+
+
+def sign_in_as_operator(page, name: str = "E2E operator") -> None:
+    """On the Deletion requests page: type the operator credential and the operator's name."""
+    cred = page.get_by_label("Operator credential")
+    cred.fill(TOKEN)
+    cred.press("Enter")
+    idle(page)
+    who = page.get_by_label("Operator name (recorded in the audit log)")
+    who.fill(name)
+    who.press("Enter")
+    idle(page)

@@ -14,7 +14,7 @@ import pytest
 
 from munkey_core.run.rows import load_bank
 
-from _browser import ARGS, CHROMIUM, NO_CHROMIUM, TOKEN, digit_png, idle, streamlit_server
+from _browser import ARGS, CHROMIUM, NO_CHROMIUM, digit_png, idle, sign_in_as_operator, streamlit_server
 
 sync_playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed "
                                       "(pip install playwright)").sync_playwright
@@ -60,14 +60,7 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         area.press("Control+Enter")
         idle(page)
         page.get_by_text("Preview").wait_for(timeout=30_000)
-        cred = page.get_by_label("Operator credential")
-        cred.fill(TOKEN)
-        cred.press("Enter")
-        idle(page)
-        name = page.get_by_label("Operator name (recorded in the audit log)")
-        name.fill("E2E operator")
-        name.press("Enter")
-        idle(page)
+        sign_in_as_operator(page)
         page.get_by_text("I confirm the deletion of 4 training sample(s)").click()
         idle(page)
         page.get_by_role("button", name="Delete 4 sample(s)").click()

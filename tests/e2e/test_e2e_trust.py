@@ -18,7 +18,7 @@ from PIL import Image
 from munkey_core.data.datasets import load_dataset
 from munkey_core.run.rows import load_bank
 
-from _browser import ARGS, CHROMIUM, NO_CHROMIUM, TOKEN, idle, streamlit_server
+from _browser import ARGS, CHROMIUM, NO_CHROMIUM, idle, sign_in_as_operator, streamlit_server
 
 sync_playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed "
                                       "(pip install playwright)").sync_playwright
@@ -113,14 +113,7 @@ def test_copies_ood_confirmation_lock_and_no_none(server: str, tiny_run: Path, t
         area.fill(", ".join(map(str, ids)))
         area.press("Control+Enter")
         idle(page)
-        cred = page.get_by_label("Operator credential")
-        cred.fill(TOKEN)
-        cred.press("Enter")
-        idle(page)
-        name = page.get_by_label("Operator name (recorded in the audit log)")
-        name.fill("E2E operator")
-        name.press("Enter")
-        idle(page)
+        sign_in_as_operator(page)
         box = page.get_by_role("checkbox", name=re.compile("I confirm the deletion"))
         page.get_by_text("I confirm the deletion of 3 training sample(s)").click()
         idle(page)
