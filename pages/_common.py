@@ -77,7 +77,7 @@ def get_run() -> MunkeyRun | None:
 
 
 def require_run() -> MunkeyRun:
-    """The loaded run; when there is none yet, show the training panel and stop the page."""
+    """The loaded run; when there is none yet, show the training status and stop the page."""
     run = get_run()
     if run is None:
         training_panel(run_dir())
@@ -85,26 +85,34 @@ def require_run() -> MunkeyRun:
     return run
 
 
-def training_panel(path: Path) -> None:
-    """Offer (and by default start) training the demo run on digits, with live progress."""
-    profile = os.environ.get("MUNKEY_PROFILE", "cpu")
+def demo_profile() -> str:
+    """The profile the dashboard trains the demo run with: $MUNKEY_PROFILE, default cpu."""
+    return os.environ.get("MUNKEY_PROFILE", "cpu")
+
+
+def training_panel(path: Path, *, page_needs_model: bool = True) -> TrainingJob | None:
+    """Offer (and by default start) training the demo run on digits in the background, with its
+    progress and time left. Returns the job (None when it cannot be made: the error is shown)."""
+    profile = demo_profile()
     try:
         job = _training_job(str(path), profile)
+        if job.state == "done" and not has_run(path):  # the trained run was removed since: train anew
+            _training_job.clear()
+            job = _training_job(str(path), profile)
     except MunkeyError as exc:
         st.title("No MUNKEY run yet")
         st.error(str(exc), icon=":material/error:")
-        return
-    st.title("Training the demo model (first start)" if job.state == "running" else "No MUNKEY run yet")
-    st.write(f"The run directory `{path}` holds no trained model. The demo run trains MUNKEY on the "
-             f"embedded `digits` data with the `{profile}` profile"
-             + (": expect about 5-6 minutes on 2 CPU cores (a fresh start was measured at 5 min 24 s to a usable "
-                "Overview); the estimate below follows the epochs as they finish." if profile == "cpu" else ".")
-             + " Set `MUNKEY_RUN` to open another run, `MUNKEY_PROFILE` to change the profile.")
+        return None
     token = configured_token()
     # autostart: the demo (no operator credential configured), or when the server's starter asks for it
     autostart = os.environ.get("MUNKEY_AUTOTRAIN", "1" if token is None else "0") != "0"
     if job.state == "idle" and autostart:
         job.start()
+    st.title("Training the demo model (first start)" if job.state in ("running", "done") else "No MUNKEY run yet")
+    st.write(f"The run directory `{path}` holds no trained model yet. The demo run trains MUNKEY on the "
+             f"embedded `{job.dataset}` data with the `{profile}` profile ({job.epochs} epochs) in the "
+             "background; the time left below follows the epochs as they finish. Set `MUNKEY_RUN` to open "
+             "another run, `MUNKEY_PROFILE` to change the profile.")
     if job.state in ("idle", "failed"):
         if job.state == "failed":
             st.error(job.error or "Training failed.", icon=":material/error:")
@@ -115,23 +123,22 @@ def training_panel(path: Path) -> None:
                          given, token, who="training panel")):
             job.start()
             st.rerun()
-        return
+        return job
     _training_progress(job)
+    if page_needs_model:
+        st.info("This page needs the trained model: it opens by itself when training ends. The Overview "
+                "shows the training data meanwhile.", icon=":material/hourglass_top:")
+    return job
 
 
 @st.fragment(run_every=1.0)
 def _training_progress(job: TrainingJob) -> None:
-    with st.status(f"Training: {job.stage}", state="complete" if job.state == "done" else "running",
-                   expanded=True):
-        eta = ""
-        if job.state == "running" and job.epoch > 0:
-            left = job.elapsed / job.epoch * (job.epochs - job.epoch)
-            eta = f" · about {int(left // 60)} min {int(left % 60):02d} s left"
-        st.progress(job.fraction, text=f"{job.epoch} of {job.epochs} epochs · {job.elapsed:.0f} s{eta}")
-        rec = job.last_record
-        if rec:
-            st.caption(f"last epoch: loss {rec.get('loss', float('nan')):.3f}, "
-                       f"train accuracy {rec.get('train_acc', float('nan')):.1f}%")
+    st.progress(job.fraction, text=job.status_line())
+    rec = job.last_record
+    if rec:
+        st.caption(f"Last epoch: loss {fmt(rec.get('loss'), 3)}, training accuracy {fmt(rec.get('train_acc'), 1, ' %')}"
+                   + (f", validation accuracy {fmt(rec.get('val_acc'), 1, ' %')}" if rec.get("val_acc") is not None
+                      else "") + ".")
     if job.state != "running":
         st.rerun(scope="app")
 
@@ -189,15 +196,18 @@ def fmt(value, digits: int = 2, suffix: str = "") -> str:
 def thumbnail_grid(run: MunkeyRun, ids: Sequence[int], *, size: int, per_row: int,
                    caption: Callable[[int, str], str]) -> None:
     """Training images by id in rows of `per_row` thumbnails, each captioned by caption(id, label name)."""
-    imgs = training_images(run, ids)
     labels = run.dataset.lookup(ids).labels
-    names = run.class_names
-    for start in range(0, len(ids), per_row):
+    image_grid(training_images(run, ids), [caption(int(i), run.class_names[int(lab)]) for i, lab in zip(ids, labels)],
+               size=size, per_row=per_row)
+
+
+def image_grid(images: Sequence, captions: Sequence[str], *, size: int, per_row: int) -> None:
+    """Images (H, W, C) uint8 in rows of `per_row` thumbnails, each with its caption."""
+    for start in range(0, len(images), per_row):
         cols = st.columns(per_row)
-        for col, i, img, lab in zip(cols, ids[start:start + per_row], imgs[start:start + per_row],
-                                    labels[start:start + per_row]):
+        for col, img, text in zip(cols, images[start:start + per_row], captions[start:start + per_row]):
             col.image(display_image(img, 2 * size), width="stretch")  # fits narrow columns (800 px)
-            col.caption(caption(int(i), names[int(lab)]))
+            col.caption(text)
 
 
 @st.cache_resource(max_entries=2, show_spinner="Indexing the training images for copy search (once per run)...")

@@ -1,4 +1,5 @@
-"""Overview: the model card, the training history, and the metrics across deletions."""
+"""Overview: the model card, the training history, and the metrics across deletions. On first start
+(no run yet) it shows the training progress and the data being trained on, usable at once."""
 
 from pathlib import Path
 
@@ -6,10 +7,48 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from munkey_core.dashboard.views import EvaluationJob, forgetting_assessment, latest_metrics
-from pages._common import collect_finished_job, fmt, require_run
+from munkey_core.dashboard.views import (EvaluationJob, class_counts, forgetting_assessment, latest_metrics,
+                                         training_data)
+from pages._common import collect_finished_job, fmt, get_run, image_grid, run_dir, training_panel
 
-run = require_run()
+
+@st.cache_resource(max_entries=2, show_spinner=False)
+def _training_data(dataset: str, profile: str):
+    return training_data(dataset, profile)
+
+
+def _first_start() -> None:
+    """No run yet: the training status (it runs in the background), and the data it trains on,
+    browsable at once; the page turns into the model's Overview by itself when training ends."""
+    job = training_panel(run_dir(), page_needs_model=False)
+    if job is None:
+        return
+    ds = _training_data(job.dataset, job.profile)
+    st.subheader("The data the model trains on")
+    h, w = ds.image_shape
+    st.markdown(f"**Dataset** `{ds.name}` ({ds.num_classes} classes, {h}x{w} px, "
+                f"{'gray' if ds.channels == 1 else 'colour'}) · **profile** `{job.profile}`, {job.epochs} epochs. "
+                "These are the training samples and ids the run will hold: note the ids of a sample to delete "
+                "once the model is ready.")
+    c = st.columns(4)
+    c[0].metric("Training samples", len(ds.train))
+    c[1].metric("Validation samples", len(ds.val))
+    c[2].metric("Test samples", len(ds.test))
+    c[3].metric("Classes", ds.num_classes)
+    st.plotly_chart(px.bar(pd.DataFrame(class_counts(ds)), x="class", y="samples", color="split", barmode="group",
+                           title="Samples per class and split"), key="class_counts_chart")
+    st.subheader("Browse the training images")
+    pick = st.selectbox("Class", range(ds.num_classes), format_func=lambda c: ds.class_names[c], key="browse_class")
+    rows = ds.train.subset(ds.train.labels == pick)
+    shown = min(len(rows), 24)
+    st.caption(f"{shown} of the {len(rows)} training images of class {ds.class_names[pick]}, with their ids.")
+    image_grid(rows.images[:shown], [f"id {int(i)}" for i in rows.ids[:shown]], size=48, per_row=8)
+
+
+run = get_run()
+if run is None:
+    _first_start()
+    st.stop()
 s = run.summary()
 
 st.title("MUNKEY model")

@@ -4,12 +4,13 @@ The pages in `pages/` only lay things out; every number, image and decision they
 this module or from `service.MunkeyRun`:
 
 - evidence: `predict_test_sample`, `evidence_rows`, `training_images`, `display_image`
+- the dataset before its run exists (first start): `training_data`, `class_counts`
 - selection for deletion: `ids_from_bytes`, `similar_training_samples`, `classify_ids`
 - deletion with before/after metrics: `delete_and_measure` (its retrieval check is the receipt's,
   forget/evidence.py), `metrics_table`
 - charts: `deletion_requests`, `latest_metrics` (the audit log's views are in auditviews.py)
 - the operator check: `check_credential`
-- training the demo run off the UI thread: `TrainingJob`
+- training the demo run off the UI thread: `TrainingJob` (progress, `seconds_left`, `status_line`)
 
 Costs: everything here is a few forwards or one bank search, except `delete_and_measure`, which
 runs `MunkeyRun.evaluate` once or twice (each <= max_samples images per set, K forwards each).
@@ -67,6 +68,26 @@ def display_image(image: np.ndarray, min_side: int = 96) -> np.ndarray:
     if factor > 1:
         img = np.repeat(np.repeat(img, factor, axis=0), factor, axis=1)
     return np.ascontiguousarray(img)
+
+
+def training_data(dataset: str, profile: str):
+    """The dataset a run of `profile` trains on, split and cut to max_train exactly as training does
+    (so the ids a page shows before the run exists are the run's ids after). Loads in well under a
+    second for the embedded digits; no model, no keys."""
+    from munkey_core.config import resolve_profile
+    from munkey_core.data.datasets import load_dataset
+
+    tc = resolve_profile(profile).train
+    return load_dataset(dataset, None, seed=tc.data_seed, max_train=tc.max_train or None)
+
+
+def class_counts(ds) -> list[dict]:
+    """Samples per class and split of a Dataset: one row per (class, split), for a bar chart."""
+    rows = []
+    for split in ("train", "val", "test"):
+        counts = np.bincount(ds.split(split).labels, minlength=ds.num_classes)
+        rows += [{"class": name, "split": split, "samples": int(n)} for name, n in zip(ds.class_names, counts)]
+    return rows
 
 
 # --------------------------------------------------------------------------- evidence
@@ -399,10 +420,36 @@ class TrainingJob(BackgroundJob):
 
     def reset(self) -> None:
         self.epoch, self.last_record = 0, None
+        self.epoch_ends: list[float] = []  # time.time() when each epoch ended
 
     def _on_epoch(self, record: dict) -> None:
         self.epoch = int(record.get("epoch", self.epoch + 1))
         self.last_record = dict(record)
+        self.epoch_ends.append(time.time())
+
+    @property
+    def seconds_left(self) -> float | None:
+        """Estimated seconds until the run is written: the epochs left at the measured epoch time.
+        None before the first epoch ends (loading data and computing keys take an unknown share).
+        After one epoch the estimate includes that setup, so it errs long; from the second it is the
+        mean time of the epochs since the first, which follows a machine that gets busier."""
+        ends = self.epoch_ends
+        if self.state != "running" or not ends or self.started is None:
+            return None
+        per_epoch = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) >= 2 else ends[0] - self.started
+        return max(0.0, per_epoch * (self.epochs - self.epoch) - (time.time() - ends[-1]))
+
+    def status_line(self) -> str:
+        """One honest line for a page that waits for the model: percent done and the time left."""
+        if self.state == "done":
+            return "The demo model is trained; opening it."
+        if self.state != "running":
+            return "The demo model is not training" + (f": {self.error}" if self.error else ".")
+        left = self.seconds_left
+        secs = None if left is None else int(round(left))
+        eta = "time left known after the first epoch" if secs is None else f"about {secs // 60} min {secs % 60:02d} s left"
+        return (f"The demo model is training: {100 * self.fraction:.0f}% ({self.stage}) · {eta} "
+                f"· {self.elapsed:.0f} s so far.")
 
     def task(self) -> None:
         self._trainer(self.dataset, self.out, profile=self.profile, device=self.device,

@@ -187,10 +187,32 @@ def test_overview_evaluate_now_shows_metrics_without_changing_the_run(tiny_run: 
 
 def test_missing_run_trains_the_demo_run(tmp_path: Path, tiny_run_template: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from munkey_core.data.datasets import load_dataset
+
     monkeypatch.setenv("MUNKEY_PROFILE", "tiny")
+    # a fresh clone's state: no run and no cached keys, so the background job computes the keys first
+    # (seconds), while the checks below use the Overview and a page that needs the model
+    monkeypatch.setenv("MUNKEY_CACHE", str(tmp_path / "empty-cache"))
     run = tmp_path / "fresh"
     at = _app(monkeypatch, run)
-    assert at.title[0].value == "No MUNKEY run yet"
+    # the first script run starts training in the background and the Overview is usable at once
+    assert at.title[0].value == "Training the demo model (first start)"
+    assert not at.error and at.get("progress"), "the training progress is shown"
+    assert "The demo model is training:" in at.get("progress")[0].proto.text
+    digits = load_dataset("digits", seed=0)  # the tiny profile's split: an independent load
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Training samples"] == str(len(digits.train)) and metrics["Classes"] == "10"
+    assert at.get("plotly_chart"), "samples per class and split"
+    sevens = digits.train.ids[digits.train.labels == 7][:24]
+    at.selectbox(key="browse_class").set_value(7).run()  # browsing works while the model trains
+    assert not at.exception, [e.value for e in at.exception]
+    shown = [c.value for c in at.caption if c.value.startswith("id ")]
+    assert shown == [f"id {int(i)}" for i in sevens]
+    # a page that needs the model says so, with the progress, instead of failing
+    _page(at, "evidence")
+    assert at.title[0].value == "Training the demo model (first start)"
+    assert "This page needs the trained model" in _texts(at) and at.get("progress")
+    _page(at, "overview")
     deadline = time.time() + 120
     while time.time() < deadline and at.title[0].value != "MUNKEY model":
         time.sleep(1.0)
@@ -198,6 +220,37 @@ def test_missing_run_trains_the_demo_run(tmp_path: Path, tiny_run_template: Path
         assert not at.exception and not at.error, [e.value for e in at.error]
     assert at.title[0].value == "MUNKEY model" and (run / "config.json").exists()
     assert "**profile** `tiny`" in _texts(at)
+    bank = load_bank(run)
+    assert sorted(bank.ids.tolist()) == sorted(digits.train.ids.tolist())  # the ids browsed are the run's ids
+    assert {m.label: m.value for m in at.metric}["Memory bank entries"] == str(len(digits.train))
+    _page(at, "evidence")  # the trained run is usable: a page that needs the model opens
+    assert at.title[0].value == "Case evidence"
+
+
+def test_first_start_with_a_credential_shows_the_data_and_waits_for_the_operator(
+        tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from munkey_core.data.datasets import load_dataset
+
+    monkeypatch.setenv("MUNKEY_PROFILE", "tiny")
+    monkeypatch.delenv("MUNKEY_AUTOTRAIN", raising=False)
+    run = tmp_path / "fresh"
+    at = _app(monkeypatch, run, token=TOKEN)
+    assert at.title[0].value == "No MUNKEY run yet" and at.button(key="train_start").disabled
+    assert {m.label: m.value for m in at.metric}["Classes"] == "10"  # the data is browsable before training
+    at.selectbox(key="browse_class").set_value(3).run()
+    threes = load_dataset("digits", seed=0).train.ids
+    threes = threes[load_dataset("digits", seed=0).train.labels == 3][:24]
+    assert [c.value for c in at.caption if c.value.startswith("id ")] == [f"id {int(i)}" for i in threes]
+    assert not run.exists()  # nothing was trained by browsing
+    at.text_input(key="train_credential").input(TOKEN).run()
+    at.button(key="train_start").click().run()
+    assert at.title[0].value == "Training the demo model (first start)"
+    deadline = time.time() + 120
+    while time.time() < deadline and at.title[0].value != "MUNKEY model":
+        time.sleep(1.0)
+        at.run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.title[0].value == "MUNKEY model" and (run / "config.json").exists()
 
 
 def test_damaged_run_shows_an_error_not_a_traceback(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:

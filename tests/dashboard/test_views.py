@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,23 @@ def test_delete_and_measure_deletes_and_reports(tiny_run: Path) -> None:
     reqs = views.deletion_requests(run)
     assert [r["n_ids"] for r in reqs] == [len(ids), 1] and reqs[0]["ids"] == ids
     assert views.latest_metrics(run, current_only=True) is not None
+
+
+def test_training_job_estimates_the_time_left_from_its_epochs(tmp_path: Path) -> None:
+    job = views.TrainingJob(tmp_path / "run", profile="cpu")
+    assert job.seconds_left is None and "not training" in job.status_line()  # idle
+    now = time.time()
+    job.state, job.started, job.epochs = "running", now - 100, 10
+    assert job.seconds_left is None  # no epoch has ended: the setup's share is unknown
+    assert "time left known after the first epoch" in job.status_line()
+    job.epoch, job.epoch_ends = 1, [now - 70]  # setup and epoch 1 took 30 s: 9 epochs of 30 s, 70 s spent since
+    assert job.seconds_left == pytest.approx(9 * 30 - 70, abs=1)
+    job.epoch, job.epoch_ends = 3, [now - 80, now - 60, now - 40]  # epochs 2 and 3 took 20 s each
+    assert job.seconds_left == pytest.approx(7 * 20 - 40, abs=1)
+    line = job.status_line()
+    assert line.startswith("The demo model is training: 30% (epoch 3/10)") and "about 1 min 40 s left" in line
+    job.epoch_ends = [now - 500, now - 450]  # slower than the time left says: never negative
+    assert job.seconds_left == 0.0
 
 
 def test_training_job_reports_progress_and_errors(tmp_path: Path) -> None:
