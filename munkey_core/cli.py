@@ -58,6 +58,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         g.add_argument(f"--{name}", type=typ, default=None, help=text)
 
 
+def _add_search_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--search", default=None, choices=["auto", "exact", "ivf"],
+                   help="how neighbours are found: exact (reads every key), ivf (an approximate index: recall@10 on "
+                        "the run's validation keys in 'munkey bench search RUN'), auto (default, or $MUNKEY_SEARCH): "
+                        "exact below 100,000 bank rows")
+
+
 def _add_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="classify images and show the training cases behind each answer")
     p.add_argument("run")
@@ -65,6 +72,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=None, help="neighbours to retrieve (default: the run's K)")
     p.add_argument("--mode", default="ensemble", choices=["ensemble", "softmax_fusion", "rank_fusion"])
     p.add_argument("--device", default="auto")
+    _add_search_option(p)
     p.add_argument("--json", action="store_true")
 
 
@@ -86,6 +94,7 @@ def _add_forget(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--audit-url", default=None, help="PostgreSQL URL of the audit log (default: $MUNKEY_AUDIT_URL, "
                    "else the run's own SQLite log)")
     p.add_argument("--device", default="auto")
+    _add_search_option(p)
     p.add_argument("--json", action="store_true")
 
 
@@ -126,6 +135,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
                    help="with --oracle: retrain N more M-oracles with other training seeds (same split and forget "
                         "set) and print their Avg Gap to the M-oracle, the gap chance alone gives (default 0)")
     p.add_argument("--device", default="auto")
+    _add_search_option(p)
     p.add_argument("--json", action="store_true")
 
 
@@ -248,7 +258,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from munkey_core.service import MunkeyRun
 
-    run = MunkeyRun(args.run, device=args.device)
+    run = MunkeyRun(args.run, device=args.device, search=args.search)
     preds = run.predict_files(args.images, k=args.k, mode=args.mode)
     names = run.class_names
     items = []
@@ -287,7 +297,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
             ids = parse_ids(",".join(args.ids), source="--ids")
         elif args.ids_file is not None:
             ids = read_ids_file(args.ids_file)
-        run = MunkeyRun(args.run, device=args.device, audit_url=args.audit_url)
+        run = MunkeyRun(args.run, device=args.device, audit_url=args.audit_url, search=args.search)
         res = run.forget(ids, **opts) if ids is not None else run.forget_random(args.random_fraction, args.seed, **opts)
     except (RefusedRequest, UnfinishedRequest):  # logged already, or committed: never a refusal
         raise
@@ -313,7 +323,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from munkey_core.service import MunkeyRun
 
-    run = MunkeyRun(args.run, device=args.device)
+    run = MunkeyRun(args.run, device=args.device, search=args.search)
     if args.oracle:
         from munkey_core.eval.oracles import evaluate_against_oracle
 

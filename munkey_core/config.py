@@ -80,6 +80,30 @@ class TrainConfig:
         return self.seed if self.split_seed is None else int(self.split_seed)
 
 
+SEARCH_MODES: tuple[str, ...] = ("auto", "exact", "ivf")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """How predictions find their K neighbours in the bank (bank/search.py; docs/performance.md).
+
+    `exact` reads every key (the reference); `ivf` probes the `nprobe` best of `nlist` inverted
+    lists (0: about sqrt(bank rows), at most a quarter of the validation keys the centroids are
+    fitted on); `auto` is exact below `exact_below` rows and IVF from there on.
+    """
+
+    mode: str = "auto"
+    exact_below: int = 100_000
+    nprobe: int = 8
+    nlist: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in SEARCH_MODES:
+            raise MunkeyError(f"Unknown search mode '{self.mode}'; choose one of {', '.join(SEARCH_MODES)}.")
+        if self.nprobe < 1 or self.nlist < 0 or self.exact_below < 0:
+            raise MunkeyError("Search options: nprobe must be at least 1, nlist and exact_below at least 0.")
+
+
 @dataclass(frozen=True)
 class Profile:
     """A named hardware profile: model size plus training budget."""

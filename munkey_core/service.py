@@ -35,8 +35,9 @@ def train_run(dataset: str, out: str | Path, *, device: str = "auto", **kwargs) 
 class MunkeyRun(LoadedMunkeyRun):
     """A loaded run directory, its interrupted deletion finished, and the operations on it."""
 
-    def __init__(self, path: str | Path, device: str = "auto", audit_url: str | None = None) -> None:
-        super().__init__(path, device=device, audit_url=audit_url)
+    def __init__(self, path: str | Path, device: str = "auto", audit_url: str | None = None,
+                 search: str | None = None) -> None:
+        super().__init__(path, device=device, audit_url=audit_url, search=search)
         deletion.recover_on_open(self)
 
     # ----- prediction ----------------------------------------------------------------------

@@ -5,7 +5,8 @@ Storage: dense torch tensors, one row per training sample, plus a dict id -> row
   score matrix never exceeds ~64M floats. Cost O(Q * N * D).
 - delete: swap-with-last, then the vacated tail row is zeroed and dropped. O(1) per id (one row
   copy per tensor), and the deleted bytes are overwritten, not tombstoned: nothing of the deleted
-  key, exemplar or optimiser-moment rows survives in memory or, after `save`, on disk.
+  key, exemplar or optimiser-moment rows survives in memory or, after `save`, on disk. Each
+  `listeners` entry (an IVF index, bank/ann.py) is told of every row removed and moved, in O(1).
 - save: one .npz written to a temporary file, fsync'ed, then renamed over the old one.
 
 Row order is therefore *not* stable across deletions; always address samples by id.
@@ -69,6 +70,7 @@ class MemoryBank:
             if len(t) != n:
                 raise MunkeyError(f"Memory bank field '{name}' has {len(t)} rows, expected {n}; the run looks corrupt.")
         self._row = {int(i): r for r, i in enumerate(self.ids)}
+        self.listeners: list = []  # objects mirroring row positions (an IVF index): told of every swap-delete
 
     @classmethod
     def create(cls, ids: np.ndarray, labels: np.ndarray, keys: np.ndarray, value_dim: int, *, seed: int = 0,
@@ -95,6 +97,10 @@ class MemoryBank:
     def rows_of(self, ids: Iterable[int]) -> np.ndarray:
         """Row positions of `ids` (all must be present)."""
         return rows_in(self._row, ids)
+
+    def gather_keys(self, rows: np.ndarray) -> torch.Tensor:
+        """The keys (len(rows), Dk) of the given rows (a copy, on the bank's device)."""
+        return self.keys[torch.as_tensor(np.asarray(rows, dtype=np.int64), device=self.keys.device)]
 
     def search(self, queries: torch.Tensor | np.ndarray, k: int,
                exclude: Sequence[Iterable[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,6 +150,8 @@ class MemoryBank:
                 t[last] = 0.0  # overwrite the vacated row before dropping it
             self.ids[last] = -1
             self._truncate(last)
+            for listener in self.listeners:  # O(1) each: row gone, last -> row
+                listener.on_delete(np.array([row], dtype=np.int64), [(row, last)] if row != last else [])
             result.deleted.append(sample_id)
         return result
 

@@ -10,8 +10,9 @@ and write them under docs/ when asked to.
 - unact.py (with unact_run.py): UnAct against SSD, LFSSD and class oracles.
 - ulira.py (with ulira_run.py): a per-example unlearning attack (U-LiRA style).
 - duplicates.py: near-duplicate recall@1 of copies of training images.
+- search.py: exact vs IVF top-K search: recall on a run's own keys, speed at 1M rows.
 - _common.py: markdown tables and synthetic keys.
-Tests: tests/bench/test_bench_fidelity.py, tests/bench/test_bench_unact.py, tests/eval/test_ulira.py, tests/run/test_runstore.py.
+Tests: tests/bench/test_bench_search.py, tests/bench/test_bench_fidelity.py, tests/bench/test_bench_unact.py, tests/eval/test_ulira.py, tests/run/test_runstore.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "fidelity": ".fidelity",
     "ulira": ".ulira",
     "duplicates": ".duplicates",
+    "search": ".search",
 }
 
 

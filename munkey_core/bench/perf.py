@@ -8,6 +8,9 @@ Sections (each prints a markdown table of absolute figures and same-run ratios):
   checkpoints, run format 1 (bank.npz + checkpoints rewritten) vs format 2 (row files purged in
   place), bench/forget_storage.py;
 - search: exact top-10 latency / throughput (BankStore, FAISS flat) and the IVF index's recall@10;
+- search (its own section): the product's search path (bank/search.py, exact vs IVF in one run) and
+  one image's predict at each size, recall@10, the index build and deletions (bench/search.py),
+  plus recall@10 on a real run's own keys with `--run RUN`;
 - inference: images/s of the K-ensemble (K = 1, 4, 8, 16) vs a plain timm ViT of the same backbone,
   and the late-injection variant;
 - training: seconds per epoch of MUNKEY vs the plain ViT on the same images;
@@ -39,8 +42,10 @@ HELP = "deletion, forget requests, search, inference, training and memory at sca
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="10000,100000,1000000", help="bank sizes for deletion/search (comma list)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions, sizes 10k,100k, K up to 8, short training")
-    p.add_argument("--sections", default="deletion,forget,inference,training,memory",
-                   help="comma list of: deletion, forget, inference, training, memory")
+    p.add_argument("--sections", default="deletion,forget,search,inference,training,memory",
+                   help="comma list of: deletion, forget, search, inference, training, memory")
+    p.add_argument("--run", default=None, help="search section: also recall@10 of IVF vs exact on this run's own "
+                   "validation and test keys (real keys; the synthetic ones are optimistic)")
     p.add_argument("--legacy-max", type=int, default=100_000,
                    help="forget section: largest bank measured in run format 1 (it holds the bank in RAM)")
     p.add_argument("--workdir", default=None, help="where the bank files go (default: a temporary directory)")
@@ -431,10 +436,10 @@ def run(args: argparse.Namespace) -> int:
     if any(s < 5000 for s in sizes):
         raise MunkeyError("--sizes must each be at least 5000 (a 1,000-id batch is deleted three times).")
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = set(sections) - {"deletion", "forget", "inference", "training", "memory"}
+    unknown = set(sections) - {"deletion", "forget", "search", "inference", "training", "memory"}
     if unknown:
-        raise MunkeyError(f"Unknown --sections {sorted(unknown)}; choose from deletion, forget, inference, training, "
-                          "memory.")
+        raise MunkeyError(f"Unknown --sections {sorted(unknown)}; choose from deletion, forget, search, inference, "
+                          "training, memory.")
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="munkey-perf-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -449,6 +454,12 @@ def run(args: argparse.Namespace) -> int:
 
                 tables = bench_forget(sizes, args.quick, args.seed, workdir,
                                       legacy_max=getattr(args, "legacy_max", 100_000))
+            elif name == "search":
+                from munkey_core.bench.search import run_table, scale_table
+
+                tables = [scale_table(sizes, args.seed)]
+                if getattr(args, "run", None):
+                    tables.append(run_table(args.run, [4, 8, 16]))
             elif name == "inference":
                 tables = bench_inference(args.quick, args.seed)
             elif name == "training":

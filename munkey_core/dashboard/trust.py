@@ -53,9 +53,7 @@ def _key_rows(run: MunkeyRun, index: NearDuplicateIndex, images: Sequence[np.nda
     if len(run.bank) == 0:
         return [[] for _ in images]
     keys = run.encoder.encode(run.prepare_images(images))
-    with run.lock:
-        _, rows = run.bank.search(keys, min(KEY_CANDIDATES, len(run.bank)))
-        ids = run.bank.ids[rows.cpu().numpy()]
+    ids = run.search(keys, min(KEY_CANDIDATES, len(run.bank))).ids  # the run's search mode, under its lock
     return [index.positions(r) for r in ids]
 
 
@@ -120,9 +118,7 @@ def similarity_calibration(run: MunkeyRun, *, quantile: float = OOD_QUANTILE, ca
         keys = keys[np.random.default_rng(0).permutation(len(keys))[:cap]]
     if len(keys) == 0 or len(run.bank) == 0:
         return SimilarityCalibration(threshold=0.0, median=float("nan"), n=0)
-    with run.lock:
-        sims, _ = run.bank.search(keys, 1)
-    top = sims.cpu().numpy()[:, 0]
+    top = run.search(keys, 1).similarities.cpu().numpy()[:, 0]
     return SimilarityCalibration(float(np.quantile(top, quantile)), float(np.median(top)), int(len(top)))
 
 

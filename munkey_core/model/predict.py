@@ -16,7 +16,7 @@ the fusion modes only when asked for).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Iterable, Literal, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -29,6 +29,14 @@ Mode = Literal["ensemble", "softmax_fusion", "rank_fusion"]
 Pathway = Literal["both", "image", "token"]
 MODES: tuple[str, ...] = ("ensemble", "softmax_fusion", "rank_fusion")
 PATHWAYS: tuple[str, ...] = ("both", "image", "token")
+
+
+class TopK(Protocol):
+    """Something that finds the k nearest rows of the bank being predicted with (MemoryBank.search's
+    contract): the bank itself (exact) or a run's bank/search.py `BankSearch` (exact or IVF)."""
+
+    def search(self, queries: torch.Tensor | np.ndarray, k: int,
+               exclude: Sequence[Iterable[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -85,11 +93,11 @@ def neighbour_weights(sims: torch.Tensor, tau: float, mode: str) -> torch.Tensor
 def predict(model: MunkeyViT, bank: MemoryBank, images: torch.Tensor, query_keys: torch.Tensor | np.ndarray,
             *, k: int, tau: float, mode: str = "ensemble", pathway: str = "both",
             exclude: Sequence[Sequence[int]] | None = None, neighbour_predictions: bool = True,
-            batch_size: int | None = None) -> Predictions:
+            batch_size: int | None = None, searcher: TopK | None = None) -> Predictions:
     """Predict preprocessed `images` (B, C, S, S) whose keys are `query_keys` (B, Dk).
 
     `exclude[i]` lists ids image i may not retrieve (used to evaluate a training sample as if its
-    own entry were gone).
+    own entry were gone). `searcher` finds the neighbours in `bank` (default: `bank.search`, exact).
     """
     if mode not in MODES:
         raise MunkeyError(f"Unknown aggregation mode '{mode}'; choose one of {', '.join(MODES)}.")
@@ -106,16 +114,16 @@ def predict(model: MunkeyViT, bank: MemoryBank, images: torch.Tensor, query_keys
     for start in range(0, len(images), batch_size):
         sl = slice(start, start + batch_size)
         ex = None if exclude is None else exclude[sl]
-        parts.append(_predict_batch(model, bank, images[sl].to(device), q[sl], k, tau, mode, pathway, ex,
-                                    neighbour_predictions))
+        parts.append(_predict_batch(model, bank, searcher or bank, images[sl].to(device), q[sl], k, tau, mode,
+                                    pathway, ex, neighbour_predictions))
     columns = [None if parts[0][i] is None else np.concatenate([p[i] for p in parts]) for i in range(6)]
     return Predictions(*columns, mode=mode)
 
 
-def _predict_batch(model: MunkeyViT, bank: MemoryBank, x: torch.Tensor, q: torch.Tensor, k: int, tau: float,
-                   mode: str, pathway: str, exclude, neighbour_predictions: bool) -> tuple:
+def _predict_batch(model: MunkeyViT, bank: MemoryBank, searcher: TopK, x: torch.Tensor, q: torch.Tensor, k: int,
+                   tau: float, mode: str, pathway: str, exclude, neighbour_predictions: bool) -> tuple:
     device = x.device
-    sims, rows = bank.search(q, k, exclude=exclude)  # (B, K)
+    sims, rows = searcher.search(q, k, exclude=exclude)  # (B, K)
     sims, rows = sims.to(device), rows.to(device)
     w = neighbour_weights(sims, tau, mode)  # (B, K)
     v = bank.values.to(device)[rows]  # (B, K, Dv)

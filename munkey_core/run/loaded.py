@@ -9,7 +9,8 @@
   `runlock`, the run directory's file lock, so processes never do), `reload_if_changed`,
   `write_forgotten` and `apply_deletion` (the two steps of a deletion that change this object),
   `search` (top-k of the current bank, under the lock: callers never take it themselves) and
-  prediction with evidence. Opening one migrates a format-1 run first (run/rows.py). It does not
+  prediction with evidence; both go through `searcher` (bank/search.py: exact, or an IVF index
+  for a bank of `SearchConfig.exact_below` rows or more, or as the `search` option says). Opening one migrates a format-1 run first (run/rows.py). It does not
   finish an interrupted deletion: that is the deletion protocol's (forget/request.py,
   `recover_on_open`), which `service.MunkeyRun` runs when it opens a run.
 - `DeletionTarget`: the part of a run the deletion protocol's file steps use
@@ -27,6 +28,7 @@ tests/unlearn/test_classforget.py (both kinds).
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -38,7 +40,8 @@ import torch
 
 from munkey_core.atomic import atomic_write_json, read_json
 from munkey_core.bank.memory import MemoryBank
-from munkey_core.config import ModelConfig, TrainConfig, from_dict, resolve_device
+from munkey_core.bank.search import BankSearch
+from munkey_core.config import ModelConfig, SearchConfig, TrainConfig, from_dict, resolve_device
 from munkey_core.data import datasets as data_mod
 from munkey_core.data.duplicates import to_native
 from munkey_core.errors import MunkeyError
@@ -169,7 +172,10 @@ class LoadedMunkeyRun(LoadedRun):
 
     kind = "munkey"
 
-    def __init__(self, path: str | Path, device: str = "auto", audit_url: str | None = None) -> None:
+    def __init__(self, path: str | Path, device: str = "auto", audit_url: str | None = None,
+                 search: SearchConfig | str | None = None) -> None:
+        """`search`: how neighbours are found (a SearchConfig, or just its mode 'auto' / 'exact' / 'ivf';
+        None: $MUNKEY_SEARCH or 'auto')."""
         paths = open_run(path)
         super().__init__(paths, read_config(paths), device)
         self.audit_url = audit_url  # PostgreSQL log URL; None: $MUNKEY_AUDIT_URL or the run's SQLite log
@@ -178,6 +184,10 @@ class LoadedMunkeyRun(LoadedRun):
         self.lock = threading.RLock()  # threads of this process
         self.runlock = RunLock(self.paths.root)  # processes: deletions and appends hold it exclusively
         self._encoder: keys_mod.KeyEncoder | None = None
+        if not isinstance(search, SearchConfig):
+            search = SearchConfig(mode=search or os.environ.get("MUNKEY_SEARCH") or "auto")
+        self.search_cfg = search
+        self.searcher: BankSearch | None = None
         if rows.needs_migration(self.paths.root):  # a format-1 run: bank.npz -> bank.store, once
             with self.runlock.hold(exclusive=True):
                 rows.migrate(self.paths.root)
@@ -201,6 +211,10 @@ class LoadedMunkeyRun(LoadedRun):
         row update first; bank/store.py). A run this process may not write loads read-only."""
         with rows.open_bank(self.paths.bank) as store:
             self.bank = store.to_bank().to(self.device)
+        if self.searcher is None:  # centroids from the validation keys: never from a bank key
+            self.searcher = BankSearch(self.bank, self.search_cfg, lambda: self.split_keys("val"))
+        else:
+            self.searcher.rebind(self.bank)
         self.forgotten = read_forgotten(self.paths)
         self._stamp = self._disk_stamp()
 
@@ -264,7 +278,7 @@ class LoadedMunkeyRun(LoadedRun):
         """The k nearest rows of the current bank for each query key (Q, Dk), under the run's lock (a
         deletion moves rows: ids, labels and exemplars are read before it can)."""
         with self.lock:
-            sims, found = self.bank.search(queries, k)
+            sims, found = self.searcher.search(queries, k)
             at = found.cpu().numpy()
             return Hits(sims, self.bank.ids[at], self.bank.labels[at],
                         self.bank.values[found] if values else None)
@@ -282,7 +296,8 @@ class LoadedMunkeyRun(LoadedRun):
         x = self.to_input(images)
         with self.lock:
             return predict(self.model, self.bank, x, keys, k=k or self.train_cfg.k, tau=self.train_cfg.tau,
-                           mode=mode, pathway=pathway, neighbour_predictions=neighbour_predictions, exclude=exclude)
+                           mode=mode, pathway=pathway, neighbour_predictions=neighbour_predictions, exclude=exclude,
+                           searcher=self.searcher)
 
     @torch.no_grad()
     def predict_split(self, split: str, index: np.ndarray, model: torch.nn.Module | None = None,
@@ -294,7 +309,7 @@ class LoadedMunkeyRun(LoadedRun):
         with self.lock:
             return predict(self.model if model is None else model, self.bank if bank is None else bank,
                            self.to_input(images), keys, k=self.train_cfg.k, tau=self.train_cfg.tau,
-                           neighbour_predictions=False).labels
+                           neighbour_predictions=False, searcher=self.searcher if bank is None else None).labels
 
 
 class _CacheEncoder:
