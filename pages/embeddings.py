@@ -3,7 +3,9 @@
 Select points with the lasso or box to see their images, export their ids as CSV, or send them to
 the Deletion page (ids in st.session_state["deletion_ids_prefill"]). The maps are computed off the
 script thread by munkey_core.dashboard.embeddings.EmbeddingJob, one job per (run, bank file state, cap,
-seed), kept in st.cache_resource so later visits and other sessions reuse the result.
+seed, refit count), kept in st.cache_resource so later visits and other sessions reuse the result. The
+UMAP fit itself is cached inside the run (embeddings/, purged by every deletion): after a deletion or a
+restart the job reads it instead of refitting.
 """
 
 from pathlib import Path
@@ -28,9 +30,10 @@ names = run.class_names
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _job(path: str, bank_stamp: tuple[int, int, int], max_points: int, seed: int, _run) -> EmbeddingJob:
-    # bank_stamp (runstore.bank_stamp) is in the key: a deletion writes the bank -> new maps.
-    return EmbeddingJob(_run, MapParams(max_points=max_points, seed=seed))
+def _job(path: str, bank_stamp: tuple[int, int, int], max_points: int, seed: int, refits: int, _run) -> EmbeddingJob:
+    # bank_stamp (rows.bank_stamp) is in the key: a deletion writes the bank -> new maps (read from the
+    # run's map cache, which the deletion purged: no refit); refits counts "Fit the maps again" clicks.
+    return EmbeddingJob(_run, MapParams(max_points=max_points, seed=seed), refit=refits > 0)
 
 
 def _palette(n: int) -> list[str]:
@@ -124,7 +127,8 @@ with st.sidebar:
     seed = int(st.number_input("UMAP seed", 0, 2**31 - 1, 0, key="emb_seed"))
 
 stamp = bank_stamp(run.paths.root)
-job = _job(str(Path(run.paths.root).resolve()), stamp, max_points, seed, run)
+refits = int(st.session_state.get("emb_refits", 0))
+job = _job(str(Path(run.paths.root).resolve()), stamp, max_points, seed, refits, run)
 if job.state == "idle":
     job.start()
 if job.state == "running":
@@ -142,12 +146,25 @@ assert maps is not None
 p = maps.params
 st.caption(
     f"{len(maps.ids)} of {maps.n_train} training samples"
-    + (f" (a seeded subsample, at most {p.max_points} per map; all deleted ones kept first)" if maps.subsampled else "")
+    + (f" (a seeded subsample: at most {p.max_points} samples still in the bank, and at most {p.max_points} "
+       "deleted ones)" if maps.subsampled else "")
     + f"; {int(maps.deleted.sum())} of them deleted. [CLS] vectors are computed as prediction does: each image with "
-    f"the exemplar tokens of its K={run.train_cfg.k} nearest entries in the current bank (a sample still in the bank "
-    f"retrieves its own), averaged with the ensemble weights. UMAP 2-D, seed {p.seed}, {p.n_neighbors} neighbours, "
+    f"the exemplar tokens of its K={run.train_cfg.k} nearest entries in the bank (a sample still in the bank "
+    f"retrieves its own), averaged with the ensemble weights: the bank of the fit for the circles, today's for the "
+    f"crosses. UMAP 2-D, seed {p.seed}, {p.n_neighbors} neighbours, "
     f"min_dist {p.min_dist}; Euclidean for [CLS], cosine for exemplars. "
-    f"Computed in {sum(maps.seconds.values()):.0f} s.")
+    + (f"Fitted {maps.fitted_at} in {maps.fit_seconds:.0f} s and read from the run's map cache in "
+       f"{sum(maps.seconds.values()):.1f} s" if maps.from_cache else f"Fitted now in {maps.fit_seconds:.0f} s")
+    + (f"; deletions since the fit removed {maps.removed_since_fit} of its points (the others keep their "
+       "places; a fresh fit would move the neighbours of deleted samples a little)" if maps.removed_since_fit else "")
+    + (". Crosses are not part of the fit: each sits at the mean place of its "
+       f"{p.n_neighbors} nearest fitted [CLS] vectors, computed now and never stored." if maps.deleted.any() else ".")
+    + " The fit is derived data kept in the run (embeddings/); a deletion removes the deleted samples' "
+    "points from it.")
+if st.sidebar.button("Fit the maps again", key="emb_refit", icon=":material/refresh:",
+                     help="A fresh UMAP fit on the current bank (tens of seconds); replaces the cached one."):
+    st.session_state["emb_refits"] = refits + 1
+    st.rerun()
 left, right = st.columns(2)
 events = {}
 with left:

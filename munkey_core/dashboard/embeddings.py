@@ -2,25 +2,32 @@
 
 - The [CLS] map: the model's [CLS] representation (pre-logits features) of each training sample,
   computed the way prediction does it: the sample's key retrieves its K nearest entries of the
-  *current* bank, the image is run once with each neighbour's exemplar token, and the K [CLS]
-  vectors are averaged with the ensemble weights softmax(sim / tau). A retained sample retrieves
-  its own entry among them; a deleted one cannot (its exemplar is gone), but its image is still in
-  the dataset, so its point is still computable: it is flagged `deleted`.
+  bank, the image is run once with each neighbour's exemplar token, and the K [CLS] vectors are
+  averaged with the ensemble weights softmax(sim / tau).
 - The exemplar map: the bank's exemplar vectors (`values`), one per sample still in the bank.
-  Deleted samples have no exemplar, so they are absent from this map.
 
-Both maps show the same seeded subsample of at most `max_points` training samples (deleted ones
-are kept first, so they stay visible). UMAP is the long part (numba compiles its kernels on the
-first call in a process, ~10-30 s; then a few seconds per 1,000-3,000 points on 2 cores), hence
-`EmbeddingJob`, which computes the maps off the UI thread and reports its stage.
+The fit (`fit_maps`) covers a seeded subsample of at most `max_points` samples still in the bank
+and is cached inside the run (run/mapcache.py: `<run>/embeddings/`, derived data). A deletion
+purges the deleted ids' rows from that cache (forget/request.py), so afterwards, and after a
+restart, `compute_maps` reads the cache instead of refitting: the kept points keep their
+coordinates (a kept sample whose retrieved neighbours were deleted would move a little in a fresh
+fit; `refit` makes one). Deleted samples have no exemplar, so they are absent from the exemplar
+map; their images are still in the dataset, so `compute_maps` computes their [CLS] vectors with the
+current bank, in memory only, and places them as crosses among the fitted points
+(`place_by_neighbours`: the mean position of their nearest fitted [CLS] vectors).
+UMAP is the long part (numba compiles its kernels on the first call in a process, ~10-30 s; then a
+few seconds per 1,000-3,000 points on 2 cores), hence `EmbeddingJob`, which computes the maps off
+the UI thread and reports its stage.
 Tests: tests/dashboard/test_embeddings.py.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -30,6 +37,8 @@ from munkey_core.errors import MunkeyError
 from munkey_core.dashboard.jobs import BackgroundJob
 from munkey_core.model.munkey_vit import preprocess_images
 from munkey_core.model.predict import neighbour_weights
+from munkey_core.run.mapcache import CachedMaps, cache_path, read_maps, write_maps
+from munkey_core.run.paths import utc_now
 from munkey_core.service import MunkeyRun, Progress
 
 MAX_POINTS = 3000
@@ -60,7 +69,12 @@ class EmbeddingMaps:
     n_train: int  # training samples in the run (before the subsample)
     n_deleted: int  # deleted samples in the run (before the subsample)
     params: MapParams
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # this call's stages
+    from_cache: bool = False  # the fit was read from the run's map cache (no UMAP in this call)
+    fitted_at: str = ""  # when the fit was made (UTC)
+    fit_seconds: float = 0.0  # what the fit took then
+    removed_since_fit: int = 0  # points the deletions since the fit removed from the cache
+    cache_file: str = ""
 
     @property
     def subsampled(self) -> bool:
@@ -135,10 +149,34 @@ def umap_2d(x: np.ndarray, params: MapParams, metric: str = "euclidean") -> np.n
     return np.asarray(xy, np.float32)
 
 
-def compute_maps(run: MunkeyRun, params: MapParams = MapParams(),
-                 progress: Progress | None = None) -> EmbeddingMaps:
-    """Both maps for the run's training split with its current bank. Cost: K forwards per shown
-    sample, then two UMAP fits (the long part). Raises MunkeyError when the bank is empty."""
+def cache_key(run: MunkeyRun, params: MapParams) -> str:
+    """What a cached pair of maps depends on: the model's weights, the retrieval settings and the
+    map parameters (not the bank: deletions are applied to the cache, run/mapcache.py)."""
+    tag = {"model": run.model_fingerprint, "k": int(run.train_cfg.k), "tau": float(run.train_cfg.tau),
+           "params": asdict(params)}
+    return hashlib.sha256(json.dumps(tag, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def place_by_neighbours(x: np.ndarray, ref: np.ndarray, ref_xy: np.ndarray, n: int = 15) -> np.ndarray:
+    """2-D positions (M, 2) of points `x` (M, D) that were not in a fit: the mean map position of
+    their `n` nearest fitted points `ref` (N, D) (Euclidean), the initial placement UMAP's own
+    `transform` starts from. Points with no reference stay at the origin."""
+    if len(x) == 0 or len(ref) == 0:
+        return np.zeros((len(x), 2), np.float32)
+    n = max(1, min(int(n), len(ref)))
+    xy = np.empty((len(x), 2), np.float32)
+    sq = (ref.astype(np.float64) ** 2).sum(1)
+    for s in range(0, len(x), 1024):  # (B, N) distances at a time
+        q = x[s:s + 1024].astype(np.float64)
+        d = sq[None, :] - 2.0 * q @ ref.T.astype(np.float64)
+        near = np.argpartition(d, n - 1, axis=1)[:, :n]  # (B, n)
+        xy[s:s + 1024] = ref_xy[near].mean(axis=1)
+    return xy
+
+
+def fit_maps(run: MunkeyRun, params: MapParams = MapParams(), progress: Progress | None = None) -> CachedMaps:
+    """Fit both maps on a seeded subsample of at most `max_points` samples still in the bank. Cost: K
+    forwards per sample, then two UMAP fits (the long part). Raises MunkeyError when the bank is empty."""
     report = progress or (lambda stage, frac: None)
     if len(run.bank) == 0:
         raise MunkeyError("The memory bank is empty: every training sample has been deleted, so there is "
@@ -147,18 +185,17 @@ def compute_maps(run: MunkeyRun, params: MapParams = MapParams(),
     t0 = time.perf_counter()
     report("loading the training data and its keys", 0.0)
     train = run.dataset.train
-    deleted_all = ~np.isin(train.ids, run.bank.ids)
-    pos = sample_positions(len(train), deleted_all, params.max_points, params.seed)
-    order = np.argsort(train.ids[pos], kind="stable")
-    pos = pos[order]  # ascending ids
+    kept_all = np.flatnonzero(np.isin(train.ids, run.bank.ids))
+    pos = kept_all[sample_positions(len(kept_all), np.zeros(len(kept_all), bool), params.max_points, params.seed)]
+    pos = pos[np.argsort(train.ids[pos], kind="stable")]  # ascending ids
     keys = run.split_keys("train")[pos]
     seconds["data"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     feats = cls_features(run, train.images[pos], keys,
                          progress=lambda s, f: report(f"[CLS] features of {len(pos)} samples", 0.05 + 0.2 * f))
-    ids, labels, deleted = train.ids[pos].astype(np.int64), train.labels[pos].astype(np.int64), deleted_all[pos]
-    values = exemplar_vectors(run, ids[~deleted])
+    ids, labels = train.ids[pos].astype(np.int64), train.labels[pos].astype(np.int64)
+    values = exemplar_vectors(run, ids)
     seconds["features"] = time.perf_counter() - t0
 
     note = "" if _umap_state["warm"] else " (the first map in this server also compiles UMAP's kernels: 10-30 s more)"
@@ -169,11 +206,80 @@ def compute_maps(run: MunkeyRun, params: MapParams = MapParams(),
     seconds["umap_cls"] = time.perf_counter() - t0
     report(f"UMAP of {len(values)} exemplar vectors", 0.65)
     t0 = time.perf_counter()
-    ex_xy = np.full((len(ids), 2), np.nan, np.float32)
-    ex_xy[~deleted] = umap_2d(values, params, metric="cosine")
+    ex_xy = umap_2d(values, params, metric="cosine")
     seconds["umap_exemplar"] = time.perf_counter() - t0
+    meta = {"fitted_at": utc_now(), "fit_seconds": seconds, "params": asdict(params), "bank_size": len(run.bank),
+            "purged": 0}
+    return CachedMaps(ids, labels, cls_xy, ex_xy, np.asarray(feats, np.float32), meta=meta)
+
+
+def _store(run: MunkeyRun, key: str, maps: CachedMaps) -> CachedMaps:
+    """Write the maps to the run's cache (rows of samples no longer in the bank dropped); a read-only
+    run directory keeps them in memory only."""
+    try:
+        return write_maps(run.paths.root, key, maps, run.runlock)
+    except OSError:
+        return maps.without(maps.ids[~np.isin(maps.ids, run.bank.ids)].tolist())[0]
+
+
+def compute_maps(run: MunkeyRun, params: MapParams = MapParams(), progress: Progress | None = None, *,
+                 refit: bool = False) -> EmbeddingMaps:
+    """Both maps for the run's training split with its current bank.
+
+    The fit (`fit_maps`: K forwards per sample and two UMAP fits) is kept in the run's map cache
+    (run/mapcache.py) and reused after restarts; a deletion removes the deleted ids' rows from it, so
+    the points still in the bank keep their coordinates and nothing is refitted. `refit` fits anew.
+    The deleted samples are then computed in memory only (never cached): their [CLS] vectors with the
+    current bank, placed by `place_by_neighbours` among the fitted points (at most `max_points` of
+    them, seeded). Raises MunkeyError when the bank is empty."""
+    report = progress or (lambda stage, frac: None)
+    if len(run.bank) == 0:
+        raise MunkeyError("The memory bank is empty: every training sample has been deleted, so there is "
+                          "nothing to retrieve and no exemplar to map.")
+    seconds: dict[str, float] = {}
+    key = cache_key(run, params)
+    path = cache_path(run.paths.root, key)
+    t0 = time.perf_counter()
+    report("reading the maps cached in the run", 0.0)
+    cached = None if refit else read_maps(path)
+    bank_ids = run.bank.ids
+    if cached is not None:
+        stale = cached.ids[~np.isin(cached.ids, bank_ids)]
+        if len(stale):  # deleted by a path that did not purge the cache: drop them on disk too
+            cached = _store(run, key, cached.without(stale.tolist())[0])
+        from_cache = True
+        seconds["cache"] = time.perf_counter() - t0
+    else:
+        cached = fit_maps(run, params, progress=lambda s, f: report(s, 0.9 * f))
+        cached = _store(run, key, cached)
+        from_cache = False
+        seconds.update(cached.meta["fit_seconds"])
+
+    t0 = time.perf_counter()
+    train = run.dataset.train
+    gone_all = ~np.isin(train.ids, bank_ids)
+    gone = np.flatnonzero(gone_all)
+    if params.max_points > 0 and len(gone) > params.max_points:
+        gone = np.sort(np.random.default_rng(params.seed).choice(gone, size=params.max_points, replace=False))
+    report(f"[CLS] features of {len(gone)} deleted samples", 0.92)
+    gone_xy = np.zeros((0, 2), np.float32)
+    if len(gone):
+        feats = cls_features(run, train.images[gone], run.split_keys("train")[gone])
+        gone_xy = place_by_neighbours(feats, cached.cls_features, cached.cls_xy, params.n_neighbors)
+    seconds["deleted"] = time.perf_counter() - t0
+
+    ids = np.concatenate([cached.ids, train.ids[gone].astype(np.int64)])
+    order = np.argsort(ids, kind="stable")
+    deleted = np.concatenate([np.zeros(len(cached.ids), bool), np.ones(len(gone), bool)])[order]
+    labels = np.concatenate([cached.labels, train.labels[gone].astype(np.int64)])[order]
+    cls_xy = np.concatenate([cached.cls_xy, gone_xy])[order].astype(np.float32)
+    ex_xy = np.concatenate([cached.exemplar_xy, np.full((len(gone), 2), np.nan, np.float32)])[order]
     report("done", 1.0)
-    return EmbeddingMaps(ids, labels, deleted, cls_xy, ex_xy, len(train), int(deleted_all.sum()), params, seconds)
+    return EmbeddingMaps(ids[order], labels, deleted, cls_xy, ex_xy.astype(np.float32), len(train),
+                         int(gone_all.sum()), params, seconds, from_cache=from_cache,
+                         fitted_at=str(cached.meta.get("fitted_at", "")),
+                         fit_seconds=float(sum(cached.meta.get("fit_seconds", {}).values())),
+                         removed_since_fit=int(cached.meta.get("purged", 0)), cache_file=str(path))
 
 
 # --------------------------------------------------------------------------- what the page draws and reads back
@@ -239,9 +345,9 @@ class EmbeddingJob(BackgroundJob):
     what = "Computing the maps"
 
     def __init__(self, run: MunkeyRun, params: MapParams = MapParams(),
-                 compute: Callable[..., EmbeddingMaps] = compute_maps) -> None:
+                 compute: Callable[..., EmbeddingMaps] = compute_maps, refit: bool = False) -> None:
         super().__init__()
-        self.run, self.params, self._compute = run, params, compute
+        self.run, self.params, self._compute, self.refit = run, params, compute, refit
         self.result: EmbeddingMaps | None = None
         self.reset()
 
@@ -252,4 +358,5 @@ class EmbeddingJob(BackgroundJob):
         self.stage, self.fraction = stage, float(fraction)
 
     def task(self) -> None:
-        self.result = self._compute(self.run, self.params, progress=self._report)
+        extra = {"refit": True} if self.refit else {}
+        self.result = self._compute(self.run, self.params, progress=self._report, **extra)

@@ -3,6 +3,7 @@
 - paths.py: the layout (`RunPaths`), opening and creating a run directory, config and forgotten.json.
 - rows.py: the bank's and the checkpoints' row files, purge in place, format-1 migration.
 - lock.py: the inter-process run lock and the crash-point test hook.
+- mapcache.py: the Embeddings maps cached in the run (embeddings/): derived data a deletion purges.
 - loaded.py: the run interface every layer above works with (`LoadedRun`, `LoadedMunkeyRun`,
   `ClassifierRun`, `DeletionTarget`, `load_run`).
 Tests: tests/run/test_runstore.py, tests/run/test_atomicity.py, tests/test_service.py.

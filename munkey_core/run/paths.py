@@ -14,6 +14,8 @@
     audit_pending.json  only while an append is in flight
     journal.json      only while a deletion is in flight: the commit point and the pending audit entry
     receipts/         <request id>.json and .html per request
+    embeddings/       maps-<key>.npz: the Embeddings page's UMAP fit (derived data; only samples still in
+                      the bank: a deletion removes its ids' rows, run/mapcache.py)
     .lock             the inter-process lock file (flock; run/lock.py)
     .deletion.lock    held by a deletion request from start to end (requests queue on it)
 

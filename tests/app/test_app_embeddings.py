@@ -63,7 +63,7 @@ def test_embeddings_page_draws_both_maps_and_hands_a_selection_to_deletions(
 
     at = _open_embeddings(monkeypatch, tiny_run)
     assert at.title[0].value == "Embeddings"
-    assert any("100 of" in c.value and "8 of them deleted" in c.value for c in at.caption)
+    assert any("108 of" in c.value and "8 of them deleted" in c.value for c in at.caption)  # 100 fitted + 8 deleted
     assert any("Draw a lasso" in i.value for i in at.info)
     cls_fig, ex_fig = _figures(at)
     # the [CLS] map ends with the deleted samples as crosses; the exemplar map has none of them
@@ -72,7 +72,7 @@ def test_embeddings_page_draws_both_maps_and_hands_a_selection_to_deletions(
     assert sorted(int(c[0]) for c in crosses["customdata"]) == sorted(gone)
     ex_ids = {int(c[0]) for t in ex_fig["data"] for c in t.get("customdata", [])}
     cls_ids = {int(c[0]) for t in cls_fig["data"] for c in t["customdata"]}
-    assert len(cls_ids) == 100 and ex_ids == cls_ids - set(gone)
+    assert len(cls_ids) == 108 and ex_ids == cls_ids - set(gone)
 
     # lasso: two points of the first class trace and one cross (what the browser sends back)
     t0 = cls_fig["data"][0]
@@ -98,8 +98,8 @@ def test_embeddings_page_draws_both_maps_and_hands_a_selection_to_deletions(
     assert at.text_area(key="ids_text").value == ", ".join(map(str, kept))
 
 
-def test_embeddings_page_without_deletions(tiny_run_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    at = _open_embeddings(monkeypatch, tiny_run_template)
+def test_embeddings_page_without_deletions(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _open_embeddings(monkeypatch, tiny_run)  # a copy: the page caches its maps inside the run
     assert any("0 of them deleted" in c.value for c in at.caption)
     cls_fig, ex_fig = _figures(at)
     assert not any(t["marker"].get("symbol", "").startswith("x") for f in (cls_fig, ex_fig) for t in f["data"])

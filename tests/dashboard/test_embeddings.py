@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import torch
 
+from munkey_core.cli import main
 from munkey_core.dashboard import embeddings as emb
 from munkey_core.errors import MunkeyError
+from munkey_core.run.mapcache import cache_dir, cache_path, read_maps, write_maps
 from munkey_core.service import MunkeyRun
 from munkey_core.dashboard.views import ids_from_bytes
 
@@ -64,7 +66,7 @@ def test_sample_positions_caps_keeps_deleted_and_is_seeded() -> None:
 
 
 def test_maps_shapes_flags_and_cap(maps: emb.EmbeddingMaps, deleted_run: MunkeyRun) -> None:
-    n = PARAMS.max_points
+    n = PARAMS.max_points + N_DELETED  # the fit's cap of samples in the bank, plus every deleted one
     assert maps.ids.shape == maps.labels.shape == maps.deleted.shape == (n,)
     assert maps.cls_xy.shape == maps.exemplar_xy.shape == (n, 2)
     assert list(maps.ids) == sorted(set(maps.ids.tolist())) and maps.subsampled
@@ -81,7 +83,8 @@ def test_maps_shapes_flags_and_cap(maps: emb.EmbeddingMaps, deleted_run: MunkeyR
 
 
 def test_maps_are_deterministic_given_the_seed(maps: emb.EmbeddingMaps, deleted_run: MunkeyRun) -> None:
-    again = emb.compute_maps(deleted_run, PARAMS)
+    again = emb.compute_maps(deleted_run, PARAMS, refit=True)  # a second fit, not the cached one
+    assert not again.from_cache
     assert np.array_equal(again.ids, maps.ids)
     np.testing.assert_allclose(again.cls_xy, maps.cls_xy, atol=1e-5)
     np.testing.assert_allclose(again.exemplar_xy, maps.exemplar_xy, atol=1e-5)
@@ -171,3 +174,86 @@ def test_embedding_job_runs_off_thread_and_reports_errors() -> None:
     assert job.wait(10) == "failed" and job.error == "no data here"
     assert job.start()  # a failed job may be started again
     job.wait(10)
+
+
+# --------------------------------------------------------------------------- the map cache inside the run
+
+
+def _tripwire(*args, **kwargs):
+    raise AssertionError("UMAP was fitted again: the cached maps were not used")
+
+
+def _raw_cache(run: MunkeyRun) -> bytes:
+    """Every byte of the run's map cache folder (temporary files included)."""
+    return b"".join(f.read_bytes() for f in sorted(cache_dir(run.paths.root).iterdir()))
+
+
+def test_a_deletion_removes_points_from_the_cache_and_keeps_the_others_in_place(
+        tiny_run: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    run = MunkeyRun(tiny_run, device="cpu")
+    first = emb.compute_maps(run, PARAMS)
+    assert not first.from_cache and not first.deleted.any() and len(first.ids) == PARAMS.max_points
+    fitted = read_maps(cache_path(tiny_run, emb.cache_key(run, PARAMS)))
+    assert fitted is not None and np.array_equal(fitted.ids, first.ids)
+    victims = [int(i) for i in first.ids[[0, 7, 70, len(first.ids) - 1]]]
+    rows = np.flatnonzero(np.isin(fitted.ids, victims))
+    secrets = [fitted.cls_features[r].tobytes() for r in rows] + [fitted.cls_xy[r].tobytes() for r in rows] + [
+        fitted.exemplar_xy[r].tobytes() for r in rows]
+    assert all(s in _raw_cache(run) for s in secrets)  # the byte scan below does see them
+
+    run.forget(victims[:2], operator="o")                     # the service, in this process
+    capsys.readouterr()
+    assert main(["forget", str(tiny_run), "--ids", ",".join(map(str, victims[2:])), "--operator", "o",
+                 "--no-evaluate"]) == 0                       # the CLI, as another process would
+    capsys.readouterr()
+
+    on_disk = read_maps(cache_path(tiny_run, emb.cache_key(run, PARAMS)))
+    assert on_disk is not None and not set(victims) & set(on_disk.ids.tolist())
+    assert on_disk.meta["purged"] == len(victims) and len(on_disk.ids) == len(first.ids) - len(victims)
+    raw = _raw_cache(run)
+    assert not [s for s in secrets if s in raw]  # no coordinate or feature row of a deleted sample is left
+
+    monkeypatch.setattr(emb, "umap_2d", _tripwire)
+    fresh = MunkeyRun(tiny_run, device="cpu")  # a restart: nothing in memory
+    after = emb.compute_maps(fresh, PARAMS)
+    assert after.from_cache and after.removed_since_fit == len(victims)
+    kept = ~after.deleted
+    assert set(after.ids[after.deleted].tolist()) == set(victims)
+    before_rows = np.searchsorted(first.ids, after.ids[kept])
+    assert np.array_equal(after.cls_xy[kept], first.cls_xy[before_rows])  # the same coordinates, bit for bit
+    assert np.array_equal(after.exemplar_xy[kept], first.exemplar_xy[before_rows])
+    assert np.isnan(after.exemplar_xy[after.deleted]).all() and np.isfinite(after.cls_xy).all()
+
+
+def test_a_fit_that_ends_after_a_deletion_does_not_write_the_deleted_rows(tiny_run: Path) -> None:
+    run = MunkeyRun(tiny_run, device="cpu")
+    fitted = emb.fit_maps(run, PARAMS)  # the bank before the deletion ...
+    victims = [int(i) for i in fitted.ids[:3]]
+    run.forget(victims, operator="o", evaluate=False)  # ... a deletion while the fit was running ...
+    written = write_maps(tiny_run, "k", fitted)       # ... and the fit's write afterwards
+    on_disk = read_maps(cache_path(tiny_run, "k"))
+    assert on_disk is not None and np.array_equal(on_disk.ids, written.ids)
+    assert np.array_equal(on_disk.ids, fitted.ids[3:])
+    assert np.array_equal(on_disk.cls_xy, fitted.cls_xy[3:])
+
+
+def test_a_damaged_cache_file_is_refitted_and_purged(tiny_run: Path) -> None:
+    run = MunkeyRun(tiny_run, device="cpu")
+    path = cache_path(tiny_run, emb.cache_key(run, PARAMS))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a map")
+    (path.parent / "maps-other.npz").write_bytes(b"\x00" * 10)
+    maps = emb.compute_maps(run, PARAMS)
+    assert not maps.from_cache and read_maps(path) is not None  # rewritten by the fit
+    run.forget([int(run.bank.ids[0])], operator="o", evaluate=False)
+    assert not (path.parent / "maps-other.npz").exists()  # a deletion removes what it cannot read
+
+
+def test_place_by_neighbours_is_the_mean_place_of_the_nearest_fitted_points() -> None:
+    ref = np.array([[0, 0], [1, 0], [10, 0], [11, 0], [50, 50]], np.float32)
+    ref_xy = np.array([[0, 0], [2, 0], [0, 8], [4, 8], [9, 9]], np.float32)
+    x = np.array([[0.4, 0], [10.6, 0], [49, 49]], np.float32)
+    got = emb.place_by_neighbours(x, ref, ref_xy, n=2)
+    np.testing.assert_allclose(got, [[1, 0], [2, 8], [6.5, 8.5]])  # [49, 49]: nearest 50/50 then 11/0
+    np.testing.assert_allclose(emb.place_by_neighbours(x[:1], ref, ref_xy, n=1), [[0, 0]])
+    assert emb.place_by_neighbours(x[:0], ref, ref_xy).shape == (0, 2)
