@@ -354,10 +354,10 @@ def unseen_class_accuracy(run: MunkeyRun, forget_ids: Sequence[int], *, max_samp
     idx = np.arange(len(ds.test))
     if max_samples and len(idx) > max_samples:
         idx = np.sort(np.random.default_rng(0).choice(idx, size=max_samples, replace=False))
-    preds = run.predict_prepared(ds.test.images[idx], run.split_keys("test")[idx], neighbour_predictions=False)
+    pred = run.predict_rows("test", idx).argmax(axis=1)  # cached per bank state: usually no forward
     labels = ds.test.labels[idx]
     forget_labels = ds.lookup([int(i) for i in forget_ids]).labels
-    return class_matched_accuracy(labels, preds.labels == labels, forget_labels)
+    return class_matched_accuracy(labels, pred == labels, forget_labels)
 
 
 def forgetting_assessment(run: MunkeyRun, after: dict, forget_ids: Sequence[int], *,

@@ -9,9 +9,14 @@
   class mix, `same_class_comparison`) and what that comparison does and does not show
   (`SAME_CLASS_NOTE`): its receipt's evidence.
 FA and MIA are computed by one function (`_forget_accuracy_and_mia`) in all three.
-Each set is a seeded subsample of at most `max_samples` (0 = all). Cost: K forwards per image over
-<= max_samples test images (three times: both pathways, image, token), retain and forget images.
-Tests: tests/test_service.py (FA before/after), tests/audit/test_audit.py (a request's evidence).
+Each set is a seeded subsample of at most `max_samples` (0 = all); the retain and forget samples are
+the first rows of one seeded permutation, so a deletion changes them only by the rows it moves.
+Cost: every prediction comes from `LoadedMunkeyRun.predict_rows` (run/predcache.py): the first
+evaluation of a bank runs K forwards per image over <= max_samples test images (three times: both
+pathways, image, token), retain and forget images; after a deletion only the deleted samples and
+the queries that had retrieved one of them are predicted again, the rest is reused.
+Tests: tests/test_service.py (FA before/after), tests/audit/test_audit.py (a request's evidence),
+tests/eval/test_incremental.py (incremental = from scratch; no stale prediction after a bank change).
 """
 
 from __future__ import annotations
@@ -42,6 +47,16 @@ def _subsample(index: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndar
     return index
 
 
+def _first_in_order(mask: np.ndarray, cap: int, order: np.ndarray) -> np.ndarray:
+    """The rows where `mask` holds, at most `cap` of them (0 = all): the first ones in the seeded
+    permutation `order` of all rows, sorted. A uniform random subset like `_subsample`, but stable
+    under deletions: deleting ids changes it only by the rows they leave or join, so the rows kept
+    are the same rows as before and their cached predictions are reused (run/predcache.py)."""
+    if not cap or mask.sum() <= cap:
+        return np.flatnonzero(mask)
+    return np.sort(order[mask[order]][:cap])
+
+
 def _train_rows(run: LoadedMunkeyRun, ids: Sequence[int]) -> np.ndarray:
     """Rows of the training split holding `ids` (unknown ids are skipped)."""
     return np.flatnonzero(np.isin(run.dataset.train.ids, np.asarray(list(ids), dtype=np.int64)))
@@ -52,41 +67,43 @@ def _forget_accuracy_and_mia(run: LoadedMunkeyRun, rows: np.ndarray, test_probs:
     """FA (percent) on training rows `rows` with the current bank and the cheap MIA AUC (percent) of
     those rows against test images whose ensemble probabilities (M, C) are `test_probs`; plus the
     pieces the receipt adds (predicted labels, labels, both losses)."""
-    ds = run.dataset
-    fy = ds.train.labels[rows]
-    fgt = run.predict_prepared(ds.train.images[rows], run.split_keys("train")[rows], neighbour_predictions=False)
-    f_loss, t_loss = cross_entropy(fgt.probs, fy), cross_entropy(test_probs, test_labels)
-    parts = {"pred": fgt.labels, "labels": fy, "forget_loss": f_loss, "test_loss": t_loss}
-    return accuracy(fgt.labels, fy), mia_auc(f_loss, fy, t_loss, test_labels), parts
+    fy = run.dataset.train.labels[rows]
+    probs = run.predict_rows("train", rows)
+    pred = probs.argmax(axis=1)
+    f_loss, t_loss = cross_entropy(probs, fy), cross_entropy(test_probs, test_labels)
+    parts = {"pred": pred, "labels": fy, "forget_loss": f_loss, "test_loss": t_loss}
+    return accuracy(pred, fy), mia_auc(f_loss, fy, t_loss, test_labels), parts
 
 
 def evaluate(run: LoadedMunkeyRun, *, max_samples: int = 2000, seed: int = 0, record: bool = True,
              progress: Progress | None = None) -> dict:
     """TA, RA, FA (percent), cheap MIA AUC (percent), Ps; FA and MIA are None when nothing is deleted.
-    Counts, bank size and both fingerprints come with them; `record` appends the result to metrics.json."""
+    Counts, bank size and both fingerprints come with them; `record` appends the result to metrics.json.
+
+    Incremental: every prediction comes from `run.predict_rows`, which reuses the predictions a
+    deletion cannot have changed (run/predcache.py); after deleting a few ids only the deleted
+    samples and the queries that retrieved one of them are run through the model. The result equals
+    a from-scratch evaluation of the same bank (tests/eval/test_incremental.py)."""
     ds = run.dataset
     report = progress or (lambda stage, frac: None)
     rng = np.random.default_rng(seed)
-    train_keys = run.split_keys("train")
     in_bank = np.isin(ds.train.ids, run.bank.ids)
     forgotten = np.isin(ds.train.ids, run.forgotten_ids)
     test_idx = _subsample(np.arange(len(ds.test)), max_samples, rng)
-    retain_idx = _subsample(np.flatnonzero(in_bank), max_samples, rng)
-    forget_idx = _subsample(np.flatnonzero(forgotten), max_samples, rng)
+    order = rng.permutation(len(ds.train))  # retain and forget rows: the first ones in this order
+    retain_idx = _first_in_order(in_bank, max_samples, order)
+    forget_idx = _first_in_order(forgotten, max_samples, order)
     report("test", 0.0)
-    test_keys = run.split_keys("test")[test_idx]
-    test_imgs, test_y = ds.test.images[test_idx], ds.test.labels[test_idx]
-    both = run.predict_prepared(test_imgs, test_keys, neighbour_predictions=False)
+    test_y = ds.test.labels[test_idx]
+    both = run.predict_rows("test", test_idx)
     report("pathways", 0.3)
-    a_img = accuracy(run.predict_prepared(test_imgs, test_keys, pathway="image",
-                                          neighbour_predictions=False).labels, test_y)
-    a_tok = accuracy(run.predict_prepared(test_imgs, test_keys, pathway="token",
-                                          neighbour_predictions=False).labels, test_y)
-    ta = accuracy(both.labels, test_y)
+    a_img = accuracy(run.predict_rows("test", test_idx, pathway="image").argmax(axis=1), test_y)
+    a_tok = accuracy(run.predict_rows("test", test_idx, pathway="token").argmax(axis=1), test_y)
+    ta = accuracy(both.argmax(axis=1), test_y)
     report("retain", 0.6)
-    ret = run.predict_prepared(ds.train.images[retain_idx], train_keys[retain_idx], neighbour_predictions=False)
+    ret = run.predict_rows("train", retain_idx)
     result = {
-        "TA": ta, "RA": accuracy(ret.labels, ds.train.labels[retain_idx]), "FA": None, "MIA": None,
+        "TA": ta, "RA": accuracy(ret.argmax(axis=1), ds.train.labels[retain_idx]), "FA": None, "MIA": None,
         "MIA_attack": MIA_CHEAP, "Ps": pathway_sensitivity(a_img, a_tok, ta), "A_img": a_img, "A_tok": a_tok,
         "A_both": ta, "n_test": int(len(test_idx)), "n_retain": int(len(retain_idx)),
         "n_forget": int(len(forget_idx)), "bank_size": len(run.bank), "deleted": len(run.forgotten_ids),
@@ -94,7 +111,7 @@ def evaluate(run: LoadedMunkeyRun, *, max_samples: int = 2000, seed: int = 0, re
     }
     if len(forget_idx):
         report("forget", 0.85)
-        result["FA"], result["MIA"], _ = _forget_accuracy_and_mia(run, forget_idx, both.probs, test_y)
+        result["FA"], result["MIA"], _ = _forget_accuracy_and_mia(run, forget_idx, both, test_y)
     report("done", 1.0)
     if record:
         run.append_metrics({"time": utc_now(), **result})
@@ -103,12 +120,10 @@ def evaluate(run: LoadedMunkeyRun, *, max_samples: int = 2000, seed: int = 0, re
 
 def accuracy_on_ids(run: LoadedMunkeyRun, ids: Sequence[int]) -> float | None:
     """Ensemble accuracy (percent) on the given training samples with the current bank."""
-    ds = run.dataset
     idx = _train_rows(run, ids)
     if len(idx) == 0:
         return None
-    preds = run.predict_prepared(ds.train.images[idx], run.split_keys("train")[idx], neighbour_predictions=False)
-    return accuracy(preds.labels, ds.train.labels[idx])
+    return accuracy(run.predict_rows("train", idx).argmax(axis=1), run.dataset.train.labels[idx])
 
 
 def request_accuracy_and_mia(run: LoadedMunkeyRun, ids: Sequence[int], max_samples: int = 2000) -> dict:
@@ -120,13 +135,12 @@ def request_accuracy_and_mia(run: LoadedMunkeyRun, ids: Sequence[int], max_sampl
     test_idx = _subsample(np.arange(len(ds.test)), max_samples, np.random.default_rng(0))
     if len(idx) == 0:
         return {"FA": None, "MIA": None, "MIA_attack": MIA_CHEAP, "n": 0, "n_test": int(len(test_idx))}
-    test = run.predict_prepared(ds.test.images[test_idx], run.split_keys("test")[test_idx],
-                                neighbour_predictions=False)
+    test = run.predict_rows("test", test_idx)
     ty = ds.test.labels[test_idx]
-    fa, mia, p = _forget_accuracy_and_mia(run, idx, test.probs, ty)
+    fa, mia, p = _forget_accuracy_and_mia(run, idx, test, ty)
     return {"FA": fa, "MIA": mia, **mia_tprs(-p["forget_loss"], p["labels"], -p["test_loss"], ty),
             "MIA_attack": MIA_CHEAP, "n": int(len(idx)), "n_test": int(len(test_idx)),
-            **same_class_comparison(p["pred"] == p["labels"], p["labels"], test.labels == ty, ty)}
+            **same_class_comparison(p["pred"] == p["labels"], p["labels"], test.argmax(axis=1) == ty, ty)}
 
 
 def same_class_comparison(forget_correct: np.ndarray, forget_labels: np.ndarray, test_correct: np.ndarray,

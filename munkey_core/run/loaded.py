@@ -51,6 +51,7 @@ from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
 from munkey_core.model.predict import Predictions, predict
 from munkey_core.run import rows
 from munkey_core.run.lock import RunLock
+from munkey_core.run.predcache import PredictionCache
 from munkey_core.run.paths import RunPaths, load_state_dict, open_run, read_config, read_forgotten, read_list
 
 
@@ -188,6 +189,8 @@ class LoadedMunkeyRun(LoadedRun):
             search = SearchConfig(mode=search or os.environ.get("MUNKEY_SEARCH") or "auto")
         self.search_cfg = search
         self.searcher: BankSearch | None = None
+        self.predictions = PredictionCache()  # dataset-row predictions of the current bank (run/predcache.py)
+        self._bank_generation = 0  # +1 on every change of the bank in memory
         if rows.needs_migration(self.paths.root):  # a format-1 run: bank.npz -> bank.store, once
             with self.runlock.hold(exclusive=True):
                 rows.migrate(self.paths.root)
@@ -217,6 +220,8 @@ class LoadedMunkeyRun(LoadedRun):
             self.searcher.rebind(self.bank)
         self.forgotten = read_forgotten(self.paths)
         self._stamp = self._disk_stamp()
+        self._bank_generation += 1
+        self.predictions.clear(self._cache_state())
 
     def reload_if_changed(self) -> None:
         """Another process may have deleted since we loaded: re-read before changing anything."""
@@ -234,8 +239,15 @@ class LoadedMunkeyRun(LoadedRun):
         durable on return): O(#ids) in time and bytes written, whatever the bank size. The file first:
         if it fails, the bank in memory still matches it and the journal is rolled forward later."""
         rows.delete_bank_rows(self.paths.bank, ids)
-        self.bank.delete(ids)
+        with self.lock:
+            self.bank.delete(ids)
+            self._bank_generation += 1
+            self.predictions.deleted(ids, self._cache_state())  # only the queries that retrieved them
         self._stamp = self._disk_stamp()
+
+    def _cache_state(self) -> tuple:
+        """What the cached predictions are valid for: this bank (object, size, generation) and model."""
+        return (self._bank_generation, id(self.bank), len(self.bank), id(self.model))
 
     def append_metrics(self, entry: dict) -> None:
         """Append one evaluation to metrics.json (under both locks: appends never interleave)."""
@@ -299,13 +311,34 @@ class LoadedMunkeyRun(LoadedRun):
                            mode=mode, pathway=pathway, neighbour_predictions=neighbour_predictions, exclude=exclude,
                            searcher=self.searcher)
 
+    def predict_rows(self, split: str, index: np.ndarray, *, pathway: str = "both") -> np.ndarray:
+        """Ensemble class probabilities (n, C) of rows `index` of a dataset split with the current bank
+        and the run's K. Cached per bank state (run/predcache.py): only rows never predicted, or whose
+        neighbours a deletion removed since, are run through the model; the rest are reused."""
+        index = np.asarray(index, dtype=np.int64)
+        s = self.dataset.split(split)
+        keys = self.split_keys(split)
+        k = self.train_cfg.k
+        with self.lock:
+            table = self.predictions.table((split, pathway, k), len(s), self.model_cfg.num_classes, k,
+                                           self._cache_state())
+            todo = table.missing(index)
+            if len(todo):
+                p = predict(self.model, self.bank, self.to_input(s.images[todo]), keys[todo], k=k,
+                            tau=self.train_cfg.tau, pathway=pathway, neighbour_predictions=False,
+                            searcher=self.searcher)
+                found = np.full((len(todo), k), -1, dtype=np.int64)  # a bank smaller than K: fewer
+                found[:, :p.neighbour_ids.shape[1]] = p.neighbour_ids
+                table.put(todo, p.probs, found)
+            return table.probs[index].copy()
+
     @torch.no_grad()
     def predict_split(self, split: str, index: np.ndarray, model: torch.nn.Module | None = None,
                       bank: MemoryBank | None = None) -> np.ndarray:
+        if model is None and bank is None:
+            return self.predict_rows(split, index).argmax(axis=1)
         images = self.dataset.split(split).images[index]
         keys = self.split_keys(split)[index]
-        if model is None and bank is None:
-            return self.predict_prepared(images, keys, neighbour_predictions=False).labels
         with self.lock:
             return predict(self.model if model is None else model, self.bank if bank is None else bank,
                            self.to_input(images), keys, k=self.train_cfg.k, tau=self.train_cfg.tau,
