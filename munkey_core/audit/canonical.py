@@ -15,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from typing import Any
 
 _MAX_SAFE_INT = 2 ** 53 - 1  # as the rfc8785 package (our test oracle) refuses 2**53
+_ESCAPED = re.compile(r'[\x00-\x1f\\"]')  # what json.dumps(ensure_ascii=False) escapes: ", \ and controls
 
 
 def _number(x: float) -> str:
@@ -44,6 +46,18 @@ def _number(x: float) -> str:
     return sign + digits[0] + ("." + digits[1:] if k > 1 else "") + "e" + ("+" if e >= 0 else "-") + str(abs(e))
 
 
+def _string(s: str) -> str:
+    """A JSON string literal as JSON.stringify writes it (json.dumps only when something needs escaping:
+    the common case, a plain id or hash, costs no call into the encoder)."""
+    return json.dumps(s, ensure_ascii=False) if _ESCAPED.search(s) else '"' + s + '"'
+
+
+def _int(x: int) -> str:
+    if abs(x) > _MAX_SAFE_INT:
+        raise ValueError(f"integer {x} is too large for canonical JSON (limit 2**53 - 1)")
+    return str(int(x))
+
+
 def _encode(obj: Any, out: list[str]) -> None:
     if obj is None:
         out.append("null")
@@ -51,15 +65,16 @@ def _encode(obj: Any, out: list[str]) -> None:
         out.append("true")
     elif obj is False:
         out.append("false")
+    elif isinstance(obj, str):
+        out.append(_string(obj))
     elif isinstance(obj, int):
-        if abs(obj) > _MAX_SAFE_INT:
-            raise ValueError(f"integer {obj} is too large for canonical JSON (limit 2**53 - 1)")
-        out.append(str(int(obj)))
+        out.append(_int(obj))
     elif isinstance(obj, float):
         out.append(_number(obj))
-    elif isinstance(obj, str):
-        out.append(json.dumps(obj, ensure_ascii=False))  # escapes exactly ", \ and controls, as JSON.stringify
     elif isinstance(obj, (list, tuple)):
+        if obj and all(type(x) is int for x in obj):  # a list of ids: one join (bool is not exactly int)
+            out.append("[" + ",".join(map(_int, obj)) + "]")
+            return
         out.append("[")
         for i, item in enumerate(obj):
             if i:
@@ -69,11 +84,13 @@ def _encode(obj: Any, out: list[str]) -> None:
     elif isinstance(obj, dict):
         if not all(isinstance(k, str) for k in obj):
             raise TypeError("canonical JSON object keys must be strings")
+        # UTF-16 code unit order; for ASCII keys (nearly all) that is plain string order
+        keys = sorted(obj) if all(k.isascii() for k in obj) else sorted(obj, key=lambda s: s.encode("utf-16-be"))
         out.append("{")
-        for i, key in enumerate(sorted(obj, key=lambda s: s.encode("utf-16-be"))):
+        for i, key in enumerate(keys):
             if i:
                 out.append(",")
-            out.append(json.dumps(key, ensure_ascii=False))
+            out.append(_string(key))
             out.append(":")
             _encode(obj[key], out)
         out.append("}")
