@@ -246,8 +246,8 @@ class LoadedMunkeyRun(LoadedRun):
         self._stamp = self._disk_stamp()
 
     def _cache_state(self) -> tuple:
-        """What the cached predictions are valid for: this bank (object, size, generation) and model."""
-        return (self._bank_generation, id(self.bank), len(self.bank), id(self.model))
+        """What the cached predictions are valid for: this bank (object, size, generation), model and search."""
+        return (self._bank_generation, id(self.bank), len(self.bank), id(self.model), id(self.searcher))
 
     def append_metrics(self, entry: dict) -> None:
         """Append one evaluation to metrics.json (under both locks: appends never interleave)."""
