@@ -163,6 +163,10 @@ class IVFIndex:
         probes = torch.topk(cscores, min(nprobe or self.nprobe, self.nlist), dim=1).indices.numpy()
         out_s = torch.full((len(q), k), float("-inf"))
         out_r = torch.full((len(q), k), -1, dtype=torch.int64)
+        keys = self.store.keys
+        buf = None  # a MemoryBank's keys are gathered into one reused block (see _scores)
+        if isinstance(keys, torch.Tensor):
+            buf = torch.empty(_GATHER_ROWS, q.shape[1], device=keys.device, dtype=keys.dtype)
         for i, lists in enumerate(probes):
             parts = [self.list_rows(int(lst)) for lst in lists]
             if sum(map(len, parts)) - len(ex_rows[i]) < k:  # too few rows probed: widen, best centroid first
@@ -177,11 +181,33 @@ class IVFIndex:
             if len(ex_rows[i]):
                 rows = rows[~np.isin(rows, ex_rows[i])]
             rows.sort()  # sequential reads of the keys
-            scores = self.store.gather_keys(rows).float().cpu() @ q[i]
+            scores = self._scores(rows, q[i], buf)
             s, pos = torch.topk(scores, min(k, len(rows)))
             out_s[i, :len(s)] = s
             out_r[i, :len(s)] = torch.from_numpy(rows)[pos]
         return out_s, out_r
+
+    def _scores(self, rows: np.ndarray, query: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
+        """Cosine scores (len(rows),) of the query against the given rows' keys, read _GATHER_ROWS rows
+        at a time into one reused buffer: the gathered keys stay in cache and no fresh memory is
+        touched per query (a single 40 MB gather at 1M rows costs 5x more, mostly page faults)."""
+        out = torch.empty(len(rows))
+        if buf is None:  # a BankStore: rows from the memory map
+            for s in range(0, len(rows), _GATHER_ROWS):
+                out[s:s + _GATHER_ROWS] = self.store.gather_keys(rows[s:s + _GATHER_ROWS]) @ query
+            return out
+        keys = self.store.keys
+        idx = torch.from_numpy(rows).to(keys.device)
+        qd = query.to(keys.device, keys.dtype)
+        for s in range(0, len(rows), _GATHER_ROWS):
+            part = idx[s:s + _GATHER_ROWS]
+            block = buf[:len(part)]
+            torch.index_select(keys, 0, part, out=block)
+            out[s:s + len(part)] = (block @ qd).float().cpu()
+        return out
+
+
+_GATHER_ROWS = 256  # keys gathered per block in IVF re-ranking (1.3 MB at 1280-d float32)
 
 
 def _device(keys) -> torch.device:
