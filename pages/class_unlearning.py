@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from munkey_core.unlearn.classforget import ClassEditor
-from munkey_core.dashboard.classforget_job import ClassUnlearnJob
+from munkey_core.dashboard.classforget_job import ClassUnlearnJob, warm_up
 from munkey_core.run.loaded import classifier_runs_in
 from munkey_core.training.classifier import RESNET_PROFILES, train_classifier_run
 from munkey_core.errors import MunkeyError
@@ -108,6 +108,7 @@ try:
 except MunkeyError as exc:
     st.error(str(exc), icon=":material/error:")
     st.stop()
+warm_up(editor)  # the unedited model's test forwards, off the script thread: every request reuses them
 names = editor.class_names
 
 # ----- which images ------------------------------------------------------------------------------

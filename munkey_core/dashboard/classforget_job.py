@@ -27,6 +27,17 @@ from munkey_core.unlearn.unact import RoundInfo, UnActConfig
 PROBE = 400
 
 
+def probe_index(editor: ClassEditor) -> np.ndarray:
+    """The test rows of the per-round curve: a stratified sample of `PROBE` (seeded)."""
+    return stratified_sample(editor.dataset.test.labels, PROBE, seed=1)
+
+
+def warm_up(editor: ClassEditor) -> None:
+    """Start computing what every request on `editor` measures and none changes (the unedited run on
+    the test images and the probe), in the background, as soon as a page opens the editor."""
+    editor.warm_up(probe_index(editor))
+
+
 def comparison_methods(editor: ClassEditor, method: str) -> list[str]:
     """What a request with `method` is compared with on this kind of run."""
     if editor.kind == "classifier":
@@ -45,7 +56,7 @@ class ClassUnlearnJob(BackgroundJob):
         super().__init__()
         self.editor, self.method, self.images, self.cls, self.cfg = editor, method, images_u8, cls, cfg
         self.compare = compare
-        self.probe = stratified_sample(editor.dataset.test.labels, PROBE, seed=1)
+        self.probe = probe_index(editor)
         self.reset()
 
     def reset(self) -> None:

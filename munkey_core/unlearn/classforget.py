@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import shutil
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from munkey_core.run.paths import RunPaths, check_new_run_dir, make_private
 from munkey_core.atomic import atomic_torch_save, atomic_write_json, read_json
 from munkey_core.model.predict import neighbour_weights
 from munkey_core.training.runs import retrain
+from munkey_core.unlearn.forwardcache import ForwardCache
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, reference_order, ssd_forget
 from munkey_core.unlearn.unact import DEFAULTS, RoundInfo, UnActConfig, munkey_ensemble_forward, scope_for, unact
 
@@ -125,6 +127,9 @@ class ClassEditor:
         self.test_index = stratified_sample(ds.test.labels, cap, seed=0)
         self._original_pred: np.ndarray | None = None  # the loaded model is never edited: cacheable
         self._train_rows: dict[bytes, int] | None = None  # training image bytes -> row (request keys)
+        self._forwards: ForwardCache | None = None
+        self._warm: threading.Thread | None = None
+        self._warm_lock = threading.Lock()
 
     # ----- data ---------------------------------------------------------------------------
     @property
@@ -169,18 +174,53 @@ class ClassEditor:
 
     # ----- evaluation ---------------------------------------------------------------------
 
+    @property
+    def forwards(self) -> ForwardCache:
+        """The test images' forwards kept for this editor (MUNKEY runs; unlearn/forwardcache.py)."""
+        with self._warm_lock:
+            if self._forwards is None:
+                self._forwards = ForwardCache(self.run)
+            return self._forwards
+
     def predict_test(self, model: torch.nn.Module, bank: MemoryBank | None = None,
                      index: np.ndarray | None = None) -> np.ndarray:
         """Predicted labels of the evaluated test images (or of test rows `index`) under `model`
-        (and `bank` for MUNKEY; default the run's bank)."""
-        return self.run.predict_split("test", self.test_index if index is None else index, model, bank)
+        (and `bank` for MUNKEY; default the run's bank). MUNKEY runs reuse the forwards that every
+        request shares (`forwards`): the same labels as a full prediction, most of the work done once."""
+        index = self.test_index if index is None else index
+        if isinstance(self.run, LoadedMunkeyRun):
+            with self.run.lock:
+                return self.forwards.predict(model, self.run.bank if bank is None else bank, index)
+        return self.run.predict_split("test", index, model, bank)
+
+    def warm_up(self, *more: np.ndarray) -> threading.Thread:
+        """Start computing, off the caller's thread, what every request measures and none changes: the
+        unedited run's predictions on the evaluated test images (and on test rows `more`, e.g. a job's
+        probe); on a MUNKEY run this stores their forwards (`forwards`). Once per editor; a request
+        started meanwhile waits for the shared part and loses nothing. Errors are left to the request."""
+        with self._warm_lock:
+            if self._warm is None:
+                def work() -> None:
+                    try:
+                        self.original_predictions()
+                        for index in more:
+                            self.predict_test(self.model, index=index)
+                    except Exception:  # the request that needs it raises it with its own message
+                        pass
+                self._warm = threading.Thread(target=work, name="munkey-class-warm-up", daemon=True)
+                self._warm.start()
+            return self._warm
+
+    def original_predictions(self) -> np.ndarray:
+        """The unedited run's labels on the evaluated test images (computed once: the model is never edited)."""
+        if self._original_pred is None:
+            self._original_pred = self.predict_test(self.model)
+        return self._original_pred
 
     def metrics(self, cls: int, model: torch.nn.Module | None = None, bank: MemoryBank | None = None) -> ClassMetrics:
         """Af/Ar of `model` (default: the unedited run, whose test predictions are computed once)."""
         if model is None and bank is None:
-            if self._original_pred is None:
-                self._original_pred = self.predict_test(self.model)
-            pred = self._original_pred
+            pred = self.original_predictions()
         else:
             pred = self.predict_test(self.model if model is None else model, bank)
         return class_metrics(pred, self.dataset.test.labels[self.test_index], cls, self.num_classes)

@@ -1,0 +1,100 @@
+"""unlearn/forwardcache.py: the test forwards a class request reuses give what a full `predict` gives,
+for every kind of model and bank a request measures, and are actually reused (tiny digits run)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from munkey_core.model.predict import predict
+from munkey_core.unlearn.classforget import ClassEditor, mask_logit
+from munkey_core.unlearn.forwardcache import ForwardCache
+
+INDEX = np.arange(0, 359, 3)  # 120 test rows
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def editor(tiny_run_template) -> ClassEditor:
+    return ClassEditor(tiny_run_template, device="cpu")  # read only: requests edit copies
+
+
+def _reference(editor: ClassEditor, model, bank, index=INDEX) -> np.ndarray:
+    """The plain prediction, computed from scratch (model/predict.py)."""
+    run = editor.run
+    test = run.dataset.test
+    x = run.to_input(test.images[index])
+    return predict(model, bank, x, run.split_keys("test")[index], k=run.train_cfg.k, tau=run.train_cfg.tau,
+                   neighbour_predictions=False).probs
+
+
+def _check(got: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    top2 = np.sort(want, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-4  # a tie may round either way
+    assert np.array_equal(got.argmax(1)[clear], want.argmax(1)[clear])
+
+
+def test_every_kind_of_request_model_matches_a_full_prediction(editor: ClassEditor) -> None:
+    fw = ForwardCache(editor.run)
+    run_bank = editor.run.bank
+    cls_bank, _ = editor.class_bank(3)
+
+    _check(fw.probabilities(editor.model, run_bank, INDEX), _reference(editor, editor.model, run_bank))
+    first = dict(fw.stats)
+    assert first["pairs_computed"] == len(INDEX) * editor.run.train_cfg.k and first["head_runs"] == 1
+
+    # key deletion: the unedited model, a bank without class 3; only pairs that lost a neighbour are new
+    _check(fw.probabilities(editor.model, cls_bank, INDEX), _reference(editor, editor.model, cls_bank))
+    new = fw.stats["pairs_computed"] - first["pairs_computed"]
+    assert 0 < new < len(INDEX) * editor.run.train_cfg.k and fw.stats["pairs_reused"] > first["pairs_reused"]
+
+    # UnAct's edit (last block's MLP + classifier): the stored prefixes and a suffix run
+    edited, res = editor.run_unact(editor.class_images(3, 5), bank=cls_bank, target=3)
+    assert res.rounds and fw._differing(edited)
+    computed = fw.stats["pairs_computed"]
+    _check(fw.probabilities(edited, cls_bank, INDEX), _reference(editor, edited, cls_bank))
+    assert fw.stats["suffix_runs"] == 1 and fw.stats["pairs_computed"] == computed  # nothing recomputed below
+
+    # the masked logit: the classifier alone
+    masked = mask_logit(editor.working_copy(), 3)
+    _check(fw.probabilities(masked, run_bank, INDEX), _reference(editor, masked, run_bank))
+    assert set(fw._differing(masked)) == {"vit.head.bias", "vit.head.weight"}
+    assert fw.stats["head_runs"] == 3 and fw.stats["full_runs"] == 0
+
+    # an edit below the cut (the first block): nothing stored applies, the full forward runs
+    early = editor.working_copy()
+    with torch.no_grad():
+        early.vit.blocks[0].mlp.fc2.weight.mul_(0.5)
+    _check(fw.probabilities(early, run_bank, INDEX), _reference(editor, early, run_bank))
+    assert fw.stats["full_runs"] == 1
+
+
+def test_a_repeated_question_is_remembered_by_content_not_by_object(editor: ClassEditor) -> None:
+    fw = ForwardCache(editor.run)
+    model = editor.working_copy()
+    bank = editor.run.bank
+    a = fw.probabilities(model, bank, INDEX)
+    b = fw.probabilities(model, bank, INDEX)
+    assert fw.stats["memo_hits"] == 1 and np.array_equal(a, b)
+    with torch.no_grad():  # an edit in place (what each UnAct round does): not the remembered answer
+        model.vit.head.weight[2] = 0.0
+    c = fw.probabilities(model, bank, INDEX)
+    assert fw.stats["memo_hits"] == 1
+    _check(c, _reference(editor, model, bank))
+    assert not np.allclose(a, c)
+
+
+def test_over_the_budget_the_full_forward_runs(editor: ClassEditor) -> None:
+    fw = ForwardCache(editor.run, budget=1000)  # not one row's pairs fit
+    got = fw.probabilities(editor.model, editor.run.bank, INDEX[:10])
+    _check(got, _reference(editor, editor.model, editor.run.bank, INDEX[:10]))
+    assert fw.stats["full_runs"] == 1 and fw.stats["pairs_computed"] == 0
