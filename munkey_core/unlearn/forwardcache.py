@@ -187,7 +187,7 @@ class ForwardCache:
         keys = self.run.split_keys(self.split)[index]
         if not (head_only or suffix_only):
             return self._full(model, bank, index, keys)
-        sims, found = bank.search(torch.as_tensor(keys, dtype=torch.float32), self.k)  # (n, K)
+        sims, found = self._searcher(bank).search(torch.as_tensor(keys, dtype=torch.float32), self.k)  # (n, K)
         at = found.cpu().numpy()
         values = bank.values[found].float().cpu()  # (n, K, Dv)
         pos = self._ensure_pairs(index, bank.ids[at], values)
@@ -207,7 +207,14 @@ class ForwardCache:
         probs = (w[..., None] * torch.softmax(logits.reshape(n, k, -1), dim=-1)).sum(dim=1)
         return probs.float().cpu().numpy()
 
+    def _searcher(self, bank: MemoryBank):
+        """How `predict_split` searches `bank`: the run's own search path for the run's bank (exact below
+        its size threshold, bank/search.py), exact for any other bank."""
+        searcher = getattr(self.run, "searcher", None)
+        return searcher if bank is self.run.bank and searcher is not None else bank
+
     def _full(self, model: nn.Module, bank: MemoryBank, index: np.ndarray, keys: np.ndarray) -> np.ndarray:
         self.stats["full_runs"] += 1
         x = self.run.to_input(self.run.dataset.split(self.split).images[index])
-        return predict(model, bank, x, keys, k=self.k, tau=self.tau, neighbour_predictions=False).probs
+        return predict(model, bank, x, keys, k=self.k, tau=self.tau, neighbour_predictions=False,
+                       searcher=self._searcher(bank)).probs
