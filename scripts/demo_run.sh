@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Train the dashboard's demo run into runs/demo once (scripts/install.sh runs this), so that the first
+# `streamlit run app.py` opens on a trained model. The same run the dashboard trains by itself, in the
+# background, whenever runs/demo holds none: digits, $MUNKEY_PROFILE (default cpu), the profile's
+# recipe. An existing run is kept; MUNKEY_DEMO_RUN=0 skips it. A failure leaves the install usable.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ "${MUNKEY_DEMO_RUN:-1}" != "0" ] || exit 0
+[ -e runs/demo/config.json ] && { echo "the demo run is already trained (runs/demo)"; exit 0; }
+echo "training the dashboard's demo run into runs/demo (once; MUNKEY_DEMO_RUN=0 skips it)..."
+( umask 077 && .venv/bin/munkey train --dataset digits --profile "${MUNKEY_PROFILE:-cpu}" --out runs/demo ) \
+  || echo "the demo run was not trained here; the dashboard trains it on first start"
+exit 0
