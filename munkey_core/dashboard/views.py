@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import secrets
 import threading
 import time
@@ -406,7 +407,8 @@ class TrainingJob(BackgroundJob):
     what = "Training"
 
     def __init__(self, out: str | Path, *, dataset: str = "digits", profile: str = "cpu", device: str = "auto",
-                 overrides: dict | None = None, trainer: Callable[..., object] = train_run) -> None:
+                 overrides: dict | None = None, trainer: Callable[..., object] = train_run,
+                 threads: int | None = None) -> None:
         from munkey_core.config import resolve_profile, with_overrides
 
         super().__init__()
@@ -416,6 +418,11 @@ class TrainingJob(BackgroundJob):
         self.overrides = dict(overrides or {})
         self.epochs = int(with_overrides(resolve_profile(profile).train, self.overrides).epochs)
         self._trainer = trainer
+        # CPU threads of the training thread (torch's thread count is per thread here): all cores but one,
+        # which stays with the pages and the server. On a busy 2-core machine torch's 2 threads stall at
+        # every barrier: an epoch of the cpu profile took 27-46 s with 2 threads and 5-7 s with 1
+        # (docs/performance.md, "Dashboard first start").
+        self.threads = max(1, (os.cpu_count() or 1) - 1) if threads is None else int(threads)
         self.reset()
 
     def reset(self) -> None:
@@ -429,14 +436,13 @@ class TrainingJob(BackgroundJob):
 
     @property
     def seconds_left(self) -> float | None:
-        """Estimated seconds until the run is written: the epochs left at the measured epoch time.
-        None before the first epoch ends (loading data and computing keys take an unknown share).
-        After one epoch the estimate includes that setup, so it errs long; from the second it is the
-        mean time of the epochs since the first, which follows a machine that gets busier."""
+        """Estimated seconds until the last epoch ends: the epochs left at the mean time of the epochs
+        since the first (the first one also loads the data and computes the keys, so it is not used).
+        None until two epochs have ended. Writing and opening the run afterwards takes about a second."""
         ends = self.epoch_ends
-        if self.state != "running" or not ends or self.started is None:
+        if self.state != "running" or len(ends) < 2:
             return None
-        per_epoch = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) >= 2 else ends[0] - self.started
+        per_epoch = (ends[-1] - ends[0]) / (len(ends) - 1)
         return max(0.0, per_epoch * (self.epochs - self.epoch) - (time.time() - ends[-1]))
 
     def status_line(self) -> str:
@@ -447,11 +453,16 @@ class TrainingJob(BackgroundJob):
             return "The demo model is not training" + (f": {self.error}" if self.error else ".")
         left = self.seconds_left
         secs = None if left is None else int(round(left))
-        eta = "time left known after the first epoch" if secs is None else f"about {secs // 60} min {secs % 60:02d} s left"
+        eta = ("writing the run" if self.epoch >= self.epochs else
+               "time left known after the second epoch" if secs is None else
+               f"about {secs // 60} min {secs % 60:02d} s left")
         return (f"The demo model is training: {100 * self.fraction:.0f}% ({self.stage}) · {eta} "
                 f"· {self.elapsed:.0f} s so far.")
 
     def task(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)  # this thread's own setting: the pages keep theirs
         self._trainer(self.dataset, self.out, profile=self.profile, device=self.device,
                       overrides=self.overrides or None, progress=False, on_epoch=self._on_epoch)
 

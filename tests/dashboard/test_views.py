@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -131,15 +132,29 @@ def test_training_job_estimates_the_time_left_from_its_epochs(tmp_path: Path) ->
     now = time.time()
     job.state, job.started, job.epochs = "running", now - 100, 10
     assert job.seconds_left is None  # no epoch has ended: the setup's share is unknown
-    assert "time left known after the first epoch" in job.status_line()
-    job.epoch, job.epoch_ends = 1, [now - 70]  # setup and epoch 1 took 30 s: 9 epochs of 30 s, 70 s spent since
-    assert job.seconds_left == pytest.approx(9 * 30 - 70, abs=1)
+    job.epoch, job.epoch_ends = 1, [now - 70]  # the first epoch includes loading data and keys: not used
+    assert job.seconds_left is None and "time left known after the second epoch" in job.status_line()
     job.epoch, job.epoch_ends = 3, [now - 80, now - 60, now - 40]  # epochs 2 and 3 took 20 s each
-    assert job.seconds_left == pytest.approx(7 * 20 - 40, abs=1)
+    assert job.seconds_left == pytest.approx(7 * 20 - 40, abs=1)  # 7 epochs of 20 s, the 4th began 40 s ago
     line = job.status_line()
     assert line.startswith("The demo model is training: 30% (epoch 3/10)") and "about 1 min 40 s left" in line
     job.epoch_ends = [now - 500, now - 450]  # slower than the time left says: never negative
     assert job.seconds_left == 0.0
+    job.epoch = 10
+    assert "writing the run" in job.status_line()
+
+
+def test_training_job_trains_with_its_own_thread_count(tmp_path: Path) -> None:
+    import torch
+
+    seen = []
+    before = torch.get_num_threads()
+    job = views.TrainingJob(tmp_path / "run", profile="tiny", threads=before + 1,
+                            trainer=lambda *a, **k: seen.append(torch.get_num_threads()))
+    assert views.TrainingJob(tmp_path / "r2", profile="tiny").threads == max(1, os.cpu_count() - 1)
+    job.start()
+    assert job.wait(5) == "done" and seen == [before + 1]
+    assert torch.get_num_threads() == before  # the pages' thread keeps its own setting
 
 
 def test_training_job_reports_progress_and_errors(tmp_path: Path) -> None:
