@@ -88,20 +88,24 @@ class SearchConfig:
     """How predictions find their K neighbours in the bank (bank/search.py; docs/performance.md).
 
     `exact` reads every key (the reference); `ivf` probes the `nprobe` best of `nlist` inverted
-    lists (0: about sqrt(bank rows), at most a quarter of the validation keys the centroids are
-    fitted on); `auto` is exact below `exact_below` rows and IVF from there on.
+    lists (nlist 0: about sqrt(bank rows), at most a quarter of the validation keys the centroids
+    are fitted on; nprobe 0: the smallest of 8, 16, 32, ... whose recall@10 against exact search on
+    the run's validation keys reaches `target_recall`); `auto` is exact below `exact_below` rows
+    and IVF from there on.
     """
 
     mode: str = "auto"
     exact_below: int = 100_000
-    nprobe: int = 8
+    nprobe: int = 0
     nlist: int = 0
+    target_recall: float = 0.95
 
     def __post_init__(self) -> None:
         if self.mode not in SEARCH_MODES:
             raise MunkeyError(f"Unknown search mode '{self.mode}'; choose one of {', '.join(SEARCH_MODES)}.")
-        if self.nprobe < 1 or self.nlist < 0 or self.exact_below < 0:
-            raise MunkeyError("Search options: nprobe must be at least 1, nlist and exact_below at least 0.")
+        if self.nprobe < 0 or self.nlist < 0 or self.exact_below < 0 or not 0 < self.target_recall <= 1:
+            raise MunkeyError("Search options: nprobe, nlist and exact_below must be at least 0 and target_recall "
+                              "in (0, 1].")
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,14 @@
   bank's listener hook. Its centroids are fitted on `held_out()`, keys outside the bank (the run's
   validation keys), so no centroid depends on a key that may be deleted. `rebind(bank)`, after
   the bank is re-read from disk, keeps the centroids and each remaining id's list (no key read).
+- nprobe (lists read per query), unless configured: calibrated when the index is built, the
+  smallest of 8, 16, 32, ... whose recall@10 against exact search on up to 128 of the run's
+  validation keys reaches `target_recall` (0.95); `recall` keeps the figure reached. The same keys
+  fitted the centroids, so it reads a little high (test keys: `munkey bench search RUN`).
 - `recall_at_k`: recall@k of the IVF index against exact search on given queries (a run's own
   validation keys in `munkey bench search`).
-Cost: building reads every key once (O(N * nlist * Dk): about 30 s at 1M x 1280 on one core);
-an IVF query reads about N * nprobe / nlist keys.
+Cost: building reads every key once (O(N * nlist * Dk): about 30 s at 1M x 1280 on one core),
+plus one exact pass for the calibration queries; an IVF query reads about N * nprobe / nlist keys.
 Tests: tests/bank/test_search.py, tests/run/test_search_modes.py.
 """
 
@@ -32,6 +36,11 @@ from munkey_core.config import SearchConfig
 from munkey_core.errors import MunkeyError
 
 
+FIRST_NPROBE = 8            # where the nprobe calibration starts (then 16, 32, ... up to nlist)
+CALIBRATION_QUERIES = 128   # validation keys the recall is measured on when the index is built
+RECALL_K = 10
+
+
 def default_nlist(n_rows: int, n_held_out: int) -> int:
     """About sqrt(bank rows) lists, at most a quarter of the held-out keys (k-means needs several per list)."""
     return max(1, min(int(round(math.sqrt(max(1, n_rows)))), n_held_out // 4))
@@ -47,6 +56,7 @@ class BankSearch:
         self._held_out = held_out
         self.index: IVFIndex | None = None
         self.build_seconds: float | None = None
+        self.recall: float | None = None  # recall@10 of the index vs exact on validation keys, once built
 
     @property
     def mode(self) -> str:
@@ -78,7 +88,18 @@ class BankSearch:
             if nlist > len(held):
                 raise MunkeyError(f"IVF with {nlist} lists needs at least {nlist} validation keys (the run has "
                                   f"{len(held)}); choose a smaller nlist or --search exact.")
-            self.index = IVFIndex(self.bank, spherical_kmeans(held, nlist), nprobe=self.cfg.nprobe)
+            index = IVFIndex(self.bank, spherical_kmeans(held, nlist), nprobe=self.cfg.nprobe or FIRST_NPROBE)
+            queries = held[np.random.default_rng(0).permutation(len(held))[:CALIBRATION_QUERIES]]
+            exact_ids = exact_top_ids(self.bank, queries, RECALL_K)
+            if not self.cfg.nprobe:  # the smallest nprobe that reaches the target on the run's own keys
+                while True:
+                    self.recall = recall_at_k(index, self.bank, queries, RECALL_K, exact_ids=exact_ids)
+                    if self.recall >= self.cfg.target_recall or index.nprobe >= index.nlist:
+                        break
+                    index.nprobe = min(2 * index.nprobe, index.nlist)
+            else:
+                self.recall = recall_at_k(index, self.bank, queries, RECALL_K, exact_ids=exact_ids)
+            self.index = index
             self.build_seconds = time.perf_counter() - t
         return self.index
 
@@ -94,14 +115,19 @@ class BankSearch:
         out = {"mode": self.mode, "configured": self.cfg.mode, "exact_below": self.cfg.exact_below,
                "bank_rows": len(self.bank)}
         if self.index is not None:
-            out.update(nlist=self.index.nlist, nprobe=self.index.nprobe, build_seconds=self.build_seconds)
+            out.update(nlist=self.index.nlist, nprobe=self.index.nprobe, build_seconds=self.build_seconds,
+                       recall_at_10_validation=self.recall)
         return out
 
 
+def exact_top_ids(bank: MemoryBank, queries: np.ndarray, k: int) -> np.ndarray:
+    """The ids (Q, k) of exact search's top-k (the reference recall is measured against)."""
+    return bank.ids[bank.search(queries, k)[1].cpu().numpy()]
+
+
 def recall_at_k(index: IVFIndex, bank: MemoryBank, queries: np.ndarray, k: int = 10,
-                nprobe: int | None = None) -> float:
+                nprobe: int | None = None, exact_ids: np.ndarray | None = None) -> float:
     """Mean share of the exact top-k ids that the IVF top-k also returns (queries (Q, Dk))."""
-    _, exact = bank.search(queries, k)
-    _, approx = index.search(queries, k, nprobe=nprobe)
-    ex, ap = bank.ids[exact.cpu().numpy()], bank.ids[approx.cpu().numpy()]
+    ex = exact_top_ids(bank, queries, k) if exact_ids is None else exact_ids
+    ap = bank.ids[index.search(queries, k, nprobe=nprobe)[1].cpu().numpy()]
     return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / len(a) for a, b in zip(ex, ap)]))

@@ -151,3 +151,25 @@ def test_ivf_index_over_a_memory_bank_is_subscribed_once() -> None:
     bank, held_out = _bank_and_held_out(n=100)
     index = IVFIndex.fit(bank, held_out, nlist=4, nprobe=4)
     assert bank.listeners == [index]
+
+
+def test_nprobe_is_calibrated_to_the_target_recall_on_the_held_out_keys() -> None:
+    rng = np.random.default_rng(0)
+    d, n = 32, 3000
+    centres = _unit(rng.normal(size=(40, d)))
+    keys = _unit(centres[rng.integers(0, 40, n)] + 0.6 * rng.normal(size=(n, d)))  # diffuse: 8 lists are too few
+    held_out = _unit(centres[rng.integers(0, 40, 600)] + 0.6 * rng.normal(size=(600, d)))
+    bank = MemoryBank(np.arange(n), np.zeros(n), keys, np.zeros((n, 2), np.float32))
+    search = BankSearch(bank, SearchConfig(mode="ivf", nlist=100), lambda: held_out)
+    index = search.ivf()
+    assert index.nprobe in (16, 32, 64, 100)
+
+    def recall(queries: np.ndarray, nprobe: int) -> float:  # brute force as the reference
+        expect = _brute_force_ids(keys, bank.ids, queries, 10)
+        got = bank.ids[index.search(queries, 10, nprobe=nprobe)[1].numpy()]
+        return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(expect, got)]))
+
+    calib = held_out[np.random.default_rng(0).permutation(len(held_out))[:128]]
+    assert search.recall == pytest.approx(recall(calib, index.nprobe)) and search.recall >= 0.95
+    assert recall(calib, index.nprobe // 2) < 0.95  # the smallest nprobe of the ladder that reaches it
+    assert recall(held_out[::3], index.nprobe) >= 0.9  # held-out keys beyond the calibration ones

@@ -28,8 +28,9 @@ def test_auto_mode_keeps_a_small_bank_exact(tiny_run: Path) -> None:
 
 def test_ivf_recall_on_the_runs_validation_keys_at_the_default_nprobe(tiny_run: Path) -> None:
     run = MunkeyRun(tiny_run, device="cpu", search="ivf")
-    index = run.searcher.ivf()
-    assert index.nprobe == SearchConfig().nprobe and index.nlist > index.nprobe  # really approximate
+    index = run.searcher.ivf()  # nprobe calibrated on the validation keys (the default)
+    assert index.nlist > index.nprobe  # really approximate: not every list is read
+    assert run.searcher.describe()["recall_at_10_validation"] >= 0.95
     val, test = run.split_keys("val"), run.split_keys("test")
     assert recall_at_k(index, run.bank, val, 10) >= 0.95
     assert recall_at_k(index, run.bank, test, 10) >= 0.95  # keys the centroids never saw
