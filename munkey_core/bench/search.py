@@ -126,7 +126,7 @@ def scale_table(sizes: list[int], seed: int = 0, nprobe: int | None = None, k: i
         # 1,000 deletions: bank rows swapped, the index follows (O(1) per id); none is retrieved after
         victims = np.random.default_rng(seed + 1).choice(n, 1000, replace=False)
         hit = bank.ids[ivf.search(queries[:32], 50)[1].numpy()].ravel()
-        victims = np.unique(np.concatenate([victims, hit[:200]]))[:1000]
+        victims = np.array(list(dict.fromkeys(hit[:200].tolist() + victims.tolist()))[:1000])  # retrieved ids first
         t = time.perf_counter()
         bank.delete(victims.tolist())
         del_ms = 1e3 * (time.perf_counter() - t) / len(victims)
