@@ -77,7 +77,7 @@ class UliraBench:
         a = self.args
         prof = resolve_profile(a.profile)
         over = {"epochs": a.epochs, "seed": seed}
-        cfg = with_overrides(prof.train, over)
+        cfg = with_overrides(prof.train_for(a.dataset), over)
         mcfg = with_overrides(prof.model, {"in_chans": ds.channels, "num_classes": ds.num_classes})
         tr = ds.train
         res = train_munkey(mcfg, cfg, TrainData(tr.images[rows], tr.labels[rows], tr.ids[rows], keys[rows]),

@@ -416,7 +416,7 @@ class TrainingJob(BackgroundJob):
         self.name = f"munkey-train-{self.out.name}"
         self.dataset, self.profile, self.device = dataset, profile, device
         self.overrides = dict(overrides or {})
-        self.epochs = int(with_overrides(resolve_profile(profile).train, self.overrides).epochs)
+        self.epochs = int(with_overrides(resolve_profile(profile).train_for(dataset), self.overrides).epochs)
         self._trainer = trainer
         # CPU threads of the training thread (torch's thread count is per thread here): all cores but one,
         # which stays with the pages and the server. On a busy 2-core machine torch's 2 threads stall at

@@ -42,8 +42,9 @@ RESNET_PROFILES: dict[str, tuple[dict, dict]] = {
 
 
 def classifier_recipe(arch: str, profile: str, num_classes: int, in_chans: int,
-                      overrides: dict | None = None) -> tuple[ClassifierConfig, TrainConfig, str]:
-    """(model config, training config, profile name) for `arch` under a MUNKEY size profile."""
+                      overrides: dict | None = None, dataset: str = "") -> tuple[ClassifierConfig, TrainConfig, str]:
+    """(model config, training config, profile name) for `arch` under a MUNKEY size profile (with the
+    profile's measured changes for `dataset`, the same as a MUNKEY run of that dataset gets)."""
     if arch not in ARCHS:
         raise MunkeyError(f"Unknown architecture '{arch}'. Choose one of: munkey, {', '.join(ARCHS)}.")
     prof = resolve_profile(profile)
@@ -51,7 +52,7 @@ def classifier_recipe(arch: str, profile: str, num_classes: int, in_chans: int,
     cfg = ClassifierConfig(arch=arch, img_size=m.img_size, in_chans=in_chans, num_classes=num_classes,
                            patch_size=m.patch_size, embed_dim=m.embed_dim, depth=m.depth, num_heads=m.num_heads,
                            mlp_ratio=m.mlp_ratio, drop_path_rate=m.drop_path_rate)
-    train_cfg = prof.train
+    train_cfg = prof.train_for(dataset)
     if arch == "resnet18":
         model_over, train_over = RESNET_PROFILES[prof.name]
         cfg, train_cfg = replace(cfg, **model_over), replace(train_cfg, **train_over)
@@ -116,13 +117,13 @@ def train_classifier_run(dataset: str, out: str | Path, *, arch: str = "resnet18
     (a class oracle) or without some training sample ids (a random-forgetting oracle, a reference model)."""
     paths = RunPaths(check_new_run_dir(out))  # never overwrite a user's folder or file
     dev = resolve_device(device)
-    base = with_overrides(resolve_profile(profile).train, dict(overrides or {}))
+    base = with_overrides(resolve_profile(profile).train_for(dataset), dict(overrides or {}))
     ds = data_mod.load_dataset(dataset, data_root, download=download, seed=base.data_seed,
                                max_train=base.max_train or None)
     bad = [c for c in exclude_classes if not 0 <= int(c) < ds.num_classes]
     if bad:
         raise MunkeyError(f"Class(es) {bad} do not exist in {ds.name} (classes 0-{ds.num_classes - 1}).")
-    cfg, train_cfg, prof_name = classifier_recipe(arch, profile, ds.num_classes, ds.channels, overrides)
+    cfg, train_cfg, prof_name = classifier_recipe(arch, profile, ds.num_classes, ds.channels, overrides, dataset)
     keep_train = ~np.isin(ds.train.labels, list(exclude_classes))
     if len(exclude_ids):
         keep_train &= ~np.isin(ds.train.ids, np.asarray(list(exclude_ids), dtype=np.int64))

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         prof = resolve_profile(args.profile)
         overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "max_train", "seed", "lr", "inject_at")}
         with_overrides(prof.model, overrides)  # a bad --inject-at fails here, before any data is loaded
-        cfg = with_overrides(prof.train, overrides)
+        cfg = with_overrides(prof.train_for(args.dataset), overrides)
         ds = data_mod.load_dataset(args.dataset, args.data_root, seed=cfg.data_seed, max_train=cfg.max_train or None)
         enc = keys_mod.load_encoder(args.encoder, device=device)
         for turn in range(2):  # rank 0 fills the key cache first, the others then read it

@@ -46,7 +46,7 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
     prof = resolve_profile(profile)
     overrides = dict(overrides or {})
     with_overrides(prof.model, overrides)  # a bad backbone option (e.g. inject_at) fails before any data is loaded
-    train_cfg = with_overrides(prof.train, overrides)
+    train_cfg = with_overrides(prof.train_for(dataset), overrides)
     dev = resolve_device(device)
     ds = data_mod.load_dataset(dataset, data_root, download=download, seed=train_cfg.data_seed,
                                max_train=train_cfg.max_train or None)

@@ -174,3 +174,25 @@ def test_the_m_oracle_retrains_with_the_runs_absent_target_mix(cache_dir, tmp_pa
     forget = [int(i) for i in load_dataset("digits", seed=0).train.ids[:5]]
     path, trained = train_oracle(config, run, forget, "munkey", device="cpu", progress=False)
     assert trained and json.loads((path / "config.json").read_text())["train"]["absent_target_mix"] == 0.3
+
+
+def test_the_cpu_profile_gives_digits_its_measured_shift_and_an_option_overrides_it(cache_dir, tmp_path) -> None:
+    """`munkey train --dataset digits` on the cpu profile trains with the recipe measured to forget at 80
+    epochs (docs/results/forgetting_at_defaults.md); other datasets keep the profile's recipe; an explicit
+    --augment-shift wins; the plain-ViT baseline of the same dataset gets the same recipe."""
+    import json
+
+    from munkey_core.cli import main
+    from munkey_core.config import PROFILES
+    from munkey_core.training.classifier import classifier_recipe
+
+    cpu = PROFILES["cpu"]
+    assert cpu.train_for("digits").augment_shift != cpu.train.augment_shift
+    assert cpu.train_for("fashion-mnist") == cpu.train and PROFILES["tiny"].train_for("digits") == PROFILES["tiny"].train
+    for extra, want in (([], cpu.train_for("digits").augment_shift), (["--augment-shift", "0.1"], 0.1)):
+        run = tmp_path / f"run{len(extra)}"
+        assert main(["train", "--dataset", "digits", "--profile", "cpu", "--epochs", "1", "--max-train", "200",
+                     "--keep-checkpoints", "0", "--out", str(run), "--device", "cpu", *extra]) == 0
+        assert json.loads((run / "config.json").read_text())["train"]["augment_shift"] == want
+    _, vit_cfg, _ = classifier_recipe("vit", "cpu", 10, 1, {}, "digits")
+    assert vit_cfg.augment_shift == cpu.train_for("digits").augment_shift
