@@ -3,8 +3,8 @@
 Storage: dense torch tensors, one row per training sample, plus a dict id -> row.
 - search: exact cosine top-K (keys are unit norm, so a matrix product), queries chunked so the
   score matrix never exceeds ~64M floats. Cost O(Q * N * D).
-- delete: swap-with-last, then the vacated tail row is zeroed and dropped. O(1) per id (one row
-  copy per tensor), and the deleted bytes are overwritten, not tombstoned: nothing of the deleted
+- delete: swap-with-last (one batch, as bank/store.py does it), then the vacated tail rows are
+  zeroed and dropped. O(1) per id (one row copy per tensor, vectorised over the batch), and the deleted bytes are overwritten, not tombstoned: nothing of the deleted
   key, exemplar or optimiser-moment rows survives in memory or, after `save`, on disk. Each
   `listeners` entry (an IVF index, bank/ann.py) is told of every row removed and moved, in O(1).
 - save: one .npz written to a temporary file, fsync'ed, then renamed over the old one.
@@ -131,28 +131,44 @@ class MemoryBank:
         return torch.cat(sims), torch.cat(rows)
 
     def delete(self, ids: Iterable[int]) -> DeleteResult:
-        """Physically remove the given ids (keys, exemplars, moments); report ids that were absent."""
+        """Physically remove the given ids (keys, exemplars, moments); report ids that were absent.
+
+        One batch swap-with-last, as the bank file does it (bank/store.py): each hole below the new
+        size takes a kept row from the tail (ascending), the vacated tail rows are zeroed, then
+        dropped; the listeners hear of all removed rows and moves at once. Vectorised: a batch of
+        1,000 ids costs one gather per tensor, not 1,000 row copies."""
         result = DeleteResult()
+        rows: list[int] = []
         for sample_id in dict.fromkeys(int(i) for i in ids):
-            row = self._row.pop(sample_id, None)
+            row = self._row.get(sample_id)
             if row is None:
                 result.absent.append(sample_id)
-                continue
-            last = len(self.ids) - 1
-            if row != last:
-                moved = int(self.ids[last])
-                self.ids[row] = moved
-                self.labels[row] = self.labels[last]
-                for t in self._tensors():
-                    t[row] = t[last]
-                self._row[moved] = row
+            else:
+                rows.append(row)
+                result.deleted.append(sample_id)
+        if not rows:
+            return result
+        n = len(self.ids)
+        n_after = n - len(rows)
+        dead = set(rows)
+        holes = np.array(sorted(r for r in rows if r < n_after), dtype=np.int64)
+        sources = np.array([r for r in range(n_after, n) if r not in dead], dtype=np.int64)
+        for sample_id in result.deleted:
+            del self._row[sample_id]
+        if len(holes):
+            self.ids[holes] = self.ids[sources]
+            self.labels[holes] = self.labels[sources]
             for t in self._tensors():
-                t[last] = 0.0  # overwrite the vacated row before dropping it
-            self.ids[last] = -1
-            self._truncate(last)
-            for listener in self.listeners:  # O(1) each: row gone, last -> row
-                listener.on_delete(np.array([row], dtype=np.int64), [(row, last)] if row != last else [])
-            result.deleted.append(sample_id)
+                t[torch.as_tensor(holes, device=t.device)] = t[torch.as_tensor(sources, device=t.device)]
+            for target, moved in zip(holes.tolist(), self.ids[holes].tolist()):
+                self._row[moved] = target
+        for t in self._tensors():
+            t[n_after:n] = 0.0  # overwrite the vacated rows before dropping them
+        self.ids[n_after:n] = -1
+        self._truncate(n_after)
+        moves = list(zip(holes.tolist(), sources.tolist()))
+        for listener in self.listeners:  # row positions: all removed rows, then every move source -> target
+            listener.on_delete(np.array(rows, dtype=np.int64), moves)
         return result
 
     def _tensors(self) -> list[torch.Tensor]:

@@ -320,9 +320,11 @@ def apply_journal(run: DeletionTarget, journal: dict) -> None:
                                                      "request_id": journal["request_id"]}]}
         run.write_forgotten(fg)
     crash_point("forgotten")
-    # every id the request names: a checkpoint row restored after an earlier deletion goes too
+    # every id the request names: a checkpoint row restored after an earlier deletion goes too. The bank
+    # file joins the checkpoints' row files in one group commit (run/rows.py); apply_deletion then
+    # finds it done and updates the bank in memory
     purge_checkpoint_rows(run.paths.checkpoints, [int(i) for i in journal.get("requested", todo)],
-                          on_file=lambda _: crash_point("checkpoint"))
+                          on_file=lambda _: crash_point("checkpoint"), bank=run.paths.bank)
     crash_point("checkpoints")
     present = [i for i in todo if i in run.bank]
     if present:

@@ -30,6 +30,7 @@ tests/run/test_atomicity.py.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -38,7 +39,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from munkey_core.bank.store import BankStore
+from munkey_core.bank.store import BankStore, delete_many
 from munkey_core.errors import MunkeyError
 from munkey_core.bank.memory import MemoryBank
 from munkey_core.run.paths import RunPaths, load_state_dict
@@ -220,11 +221,15 @@ def delete_bank_rows(path: Path, ids: Iterable[int]) -> list[int]:
         return store.delete(ids).deleted
 
 
-def purge_checkpoint_rows(directory: Path, ids: Iterable[int], on_file: Callable[[Path], None] | None = None) -> int:
-    """Remove the rows of `ids` from every checkpoint; returns the files changed. Idempotent.
+def purge_checkpoint_rows(directory: Path, ids: Iterable[int], on_file: Callable[[Path], None] | None = None,
+                          bank: Path | None = None) -> int:
+    """Remove the rows of `ids` from every checkpoint (and from the bank store `bank`, when given);
+    returns the files changed. Idempotent.
 
-    A row file deletes in place (O(#ids) bytes, durable on return); a format-1 checkpoint (rows
-    inside the .pt, no row file) is rewritten without them. `on_file` is called after each change."""
+    The row files (and the bank) delete in place as one group commit (bank/store.py `delete_many`:
+    O(#ids) bytes, every file durable on return, two rounds of flushes for all of them); a format-1
+    checkpoint (rows inside the .pt, no row file) is rewritten without them. `on_file` is called
+    after each change."""
     drop = [int(i) for i in ids]
     changed = 0
     for path in checkpoints(directory):
@@ -243,13 +248,15 @@ def purge_checkpoint_rows(directory: Path, ids: Iterable[int], on_file: Callable
         changed += 1
         if on_file is not None:
             on_file(path)
-    for rows in row_files(directory):
-        with BankStore(rows) as store:
-            deleted = store.delete(drop).deleted
-        if deleted:
+    files = row_files(directory) + ([Path(bank)] if bank is not None and Path(bank).exists() else [])
+    with contextlib.ExitStack() as stack:
+        stores = [stack.enter_context(BankStore(f)) for f in files]
+        results = delete_many([(store, drop) for store in stores])
+    for f, res in zip(files, results):
+        if res.deleted:
             changed += 1
             if on_file is not None:
-                on_file(rows)
+                on_file(f)
     return changed
 
 
