@@ -25,6 +25,10 @@ A crash anywhere leaves a state that `open` completes by replaying a valid redo 
 idempotent; a torn record fails its checksum and means step 2 never started).
 Cost per request: O(#deleted * row bytes) writes and two fdatasyncs of data blocks; independent of N
 (the first request after a larger one also writes zeros over that one's longer record, once).
+`delete_many` runs these steps for several stores at once (a forget request: the bank and every
+checkpoint's row file): step 1 in every store, one round of flushes issued together, step 2 in every
+store, one round of flushes, step 3. Each store keeps its own record and its own guarantees; the
+request pays two rounds of concurrent flushes instead of two flushes per file one after another.
 Reads go through a read-only memory map, so opening a 1M-row store costs no RAM until searched.
 The id -> row dict (about 100 bytes per entry) is built on the first lookup that needs it; a
 deletion on a freshly opened store finds its rows by a vectorised scan of the id column instead

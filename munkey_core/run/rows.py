@@ -7,8 +7,8 @@ Run format 2 (config.json "format": 2):
     checkpoints/epoch_NNN.rows that epoch's exemplar rows (ids, labels, exemplars) as a BankStore
                                without a key column, plus its own .redo
 A deletion overwrites the deleted rows in place in every one of these files (swap-with-last, the
-vacated rows zeroed, two fdatasyncs per file): the bytes written depend on the number of ids, not on
-the bank size. Format 1 (bank.npz; exemplar rows inside each epoch_NNN.pt) was rewritten whole, bank
+vacated rows zeroed, every file flushed twice, all files in one group commit: bank/store.py
+`delete_many`): the bytes written depend on the number of ids, not on the bank size. Format 1 (bank.npz; exemplar rows inside each epoch_NNN.pt) was rewritten whole, bank
 and every checkpoint, per request. The readers here (`load_bank`, `bank_ids`, `load_checkpoint`,
 `checkpoint_ids_present`) open the files read-only: they never replay a redo record, which only
 the holder of the run's exclusive lock (a deletion) or an opening MunkeyRun may do (`open_bank`:
