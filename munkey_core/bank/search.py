@@ -11,12 +11,12 @@
   validation keys), so no centroid depends on a key that may be deleted. `rebind(bank)`, after
   the bank is re-read from disk, keeps the centroids and each remaining id's list (no key read).
 - nprobe (lists read per query), unless configured: calibrated when the index is built, the
-  smallest of 8, 16, 32, ... whose recall@10 against exact search on up to 128 of the run's
+  smallest of 8, 16, 32, ... whose recall@10 against exact search on up to 512 of the run's
   validation keys reaches `target_recall` (0.95); `recall` keeps the figure reached. The same keys
   fitted the centroids, so it reads a little high (test keys: `munkey bench search RUN`).
 - `recall_at_k`: recall@k of the IVF index against exact search on given queries (a run's own
   validation keys in `munkey bench search`).
-Cost: building reads every key once (O(N * nlist * Dk): about 30 s at 1M x 1280 on one core),
+Cost: building reads every key once (O(N * nlist * Dk): 30-100 s at 1M x 1280 on one core),
 plus one exact pass for the calibration queries; an IVF query reads about N * nprobe / nlist keys.
 Tests: tests/bank/test_search.py, tests/run/test_search_modes.py.
 """
@@ -37,7 +37,7 @@ from munkey_core.errors import MunkeyError
 
 
 FIRST_NPROBE = 8            # where the nprobe calibration starts (then 16, 32, ... up to nlist)
-CALIBRATION_QUERIES = 128   # validation keys the recall is measured on when the index is built
+CALIBRATION_QUERIES = 512   # validation keys the recall is measured on when the index is built
 RECALL_K = 10
 
 

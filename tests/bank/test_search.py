@@ -169,7 +169,7 @@ def test_nprobe_is_calibrated_to_the_target_recall_on_the_held_out_keys() -> Non
         got = bank.ids[index.search(queries, 10, nprobe=nprobe)[1].numpy()]
         return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(expect, got)]))
 
-    calib = held_out[np.random.default_rng(0).permutation(len(held_out))[:128]]
+    calib = held_out[np.random.default_rng(0).permutation(len(held_out))[:512]]
     assert search.recall == pytest.approx(recall(calib, index.nprobe)) and search.recall >= 0.95
     assert recall(calib, index.nprobe // 2) < 0.95  # the smallest nprobe of the ladder that reaches it
     assert recall(held_out[::3], index.nprobe) >= 0.9  # held-out keys beyond the calibration ones
