@@ -21,7 +21,7 @@ PAGES = [
 
 nav = st.navigation(PAGES)  # before the heavy imports below, so the sidebar is right from the start
 
-from pages._common import get_run  # noqa: E402  (imports torch: seconds on a cold start)
+from pages._common import get_run  # noqa: E402  (torch loads only where a run is opened)
 
 with st.sidebar:
     st.caption("MUNKEY: machine unlearning by key deletion. Deleting a training sample deletes its "

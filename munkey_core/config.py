@@ -13,11 +13,12 @@ the values that worked in our CPU prototype (SPEC.md section 6); all are CLI opt
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from munkey_core.errors import MunkeyError
+
+if TYPE_CHECKING:  # torch is imported where it is used: the profiles alone load in milliseconds
+    import torch
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,8 @@ PROFILES: dict[str, Profile] = {
 def resolve_profile(name: str) -> Profile:
     """The profile called `name`; `auto` picks by hardware."""
     if name == "auto":
+        import torch
+
         name = "vit-tiny" if torch.cuda.is_available() else "cpu"
     if name not in PROFILES:
         raise MunkeyError(f"Unknown profile '{name}'. Choose one of: auto, {', '.join(PROFILES)}.")
@@ -162,6 +165,8 @@ def resolve_profile(name: str) -> Profile:
 
 def resolve_device(name: str = "auto") -> torch.device:
     """CUDA when present (or asked for and present), CPU otherwise."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import streamlit as st
 
-from munkey_core.errors import MunkeyError
-from munkey_core.service import MunkeyRun
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from munkey_core.dashboard.views import TrainingJob, credential_gate, display_image, training_images
+from munkey_core.dashboard.firststart import TrainingJob
+from munkey_core.data.images import display_image
+from munkey_core.errors import MunkeyError
+
+if TYPE_CHECKING:  # the model code (torch: ~10 s of imports on a busy 2-core machine) loads where a run is
+    from munkey_core.service import MunkeyRun  # opened, so a first start's Overview draws without it
 
 ROOT = Path(__file__).resolve().parents[1]
 if "MUNKEY_UMASK" not in os.environ:  # runs, logs and receipts the dashboard writes: owner-only
@@ -31,6 +34,8 @@ def run_dir() -> Path:
 def _open_run(path: str, config_stamp: int) -> MunkeyRun:
     # config_stamp (config.json's mtime) is part of the cache key: a run retrained in place is reopened.
     # A deletion changes only the bank: get_run re-reads it in place instead of reopening the whole run.
+    from munkey_core.service import MunkeyRun
+
     return MunkeyRun(path)
 
 
@@ -116,6 +121,8 @@ def training_panel(path: Path, *, page_needs_model: bool = True) -> TrainingJob 
     if job.state in ("idle", "failed"):
         if job.state == "failed":
             st.error(job.error or "Training failed.", icon=":material/error:")
+        from munkey_core.dashboard.views import credential_gate
+
         given = st.text_input("Operator credential (training writes the run folder)", type="password",
                               key="train_credential") if token is not None else None
         if st.button("Train the demo run" if job.state == "idle" else "Try again", type="primary",
@@ -196,6 +203,8 @@ def fmt(value, digits: int = 2, suffix: str = "") -> str:
 def thumbnail_grid(run: MunkeyRun, ids: Sequence[int], *, size: int, per_row: int,
                    caption: Callable[[int, str], str]) -> None:
     """Training images by id in rows of `per_row` thumbnails, each captioned by caption(id, label name)."""
+    from munkey_core.dashboard.views import training_images
+
     labels = run.dataset.lookup(ids).labels
     image_grid(training_images(run, ids), [caption(int(i), run.class_names[int(lab)]) for i, lab in zip(ids, labels)],
                size=size, per_row=per_row)

@@ -7,9 +7,8 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from munkey_core.dashboard.views import (EvaluationJob, class_counts, forgetting_assessment, latest_metrics,
-                                         training_data)
-from pages._common import collect_finished_job, fmt, get_run, image_grid, run_dir, training_panel
+from munkey_core.dashboard.firststart import class_counts, training_data
+from pages._common import collect_finished_job, demo_profile, fmt, get_run, image_grid, run_dir, training_panel
 
 
 @st.cache_resource(max_entries=2, show_spinner=False)
@@ -19,17 +18,16 @@ def _training_data(dataset: str, profile: str):
 
 def _first_start() -> None:
     """No run yet: the training status (it runs in the background), and the data it trains on,
-    browsable at once; the page turns into the model's Overview by itself when training ends."""
-    job = training_panel(run_dir(), page_needs_model=False)
-    if job is None:
-        return
-    ds = _training_data(job.dataset, job.profile)
+    browsable at once; the page turns into the model's Overview by itself when training ends.
+    The data is drawn first: the training panel below may load the model code (seconds)."""
+    panel = st.container()
+    dataset, profile = "digits", demo_profile()
+    ds = _training_data(dataset, profile)
     st.subheader("The data the model trains on")
     h, w = ds.image_shape
     st.markdown(f"**Dataset** `{ds.name}` ({ds.num_classes} classes, {h}x{w} px, "
-                f"{'gray' if ds.channels == 1 else 'colour'}) · **profile** `{job.profile}`, {job.epochs} epochs. "
-                "These are the training samples and ids the run will hold: note the ids of a sample to delete "
-                "once the model is ready.")
+                f"{'gray' if ds.channels == 1 else 'colour'}) · **profile** `{profile}`. These are the training "
+                "samples and ids the run will hold: note the ids of a sample to delete once the model is ready.")
     c = st.columns(4)
     c[0].metric("Training samples", len(ds.train))
     c[1].metric("Validation samples", len(ds.val))
@@ -43,12 +41,17 @@ def _first_start() -> None:
     shown = min(len(rows), 24)
     st.caption(f"{shown} of the {len(rows)} training images of class {ds.class_names[pick]}, with their ids.")
     image_grid(rows.images[:shown], [f"id {int(i)}" for i in rows.ids[:shown]], size=48, per_row=8)
+    with panel:
+        training_panel(run_dir(), page_needs_model=False)
 
 
 run = get_run()
 if run is None:
     _first_start()
     st.stop()
+
+from munkey_core.dashboard.views import EvaluationJob, forgetting_assessment, latest_metrics  # noqa: E402
+
 s = run.summary()
 
 st.title("MUNKEY model")

@@ -1,6 +1,7 @@
 """What the dashboard pages show, and their background jobs; no Streamlit import here (layer: top).
 
-- views.py: evidence rows, similar samples, `delete_and_measure`, training/deletion/evaluation jobs.
+- views.py: evidence rows, similar samples, `delete_and_measure`, deletion/evaluation jobs.
+- firststart.py: the first start: the demo run's training job, the data it trains on (no torch import).
 - auditviews.py: read-only views of the audit log.
 - trust.py: what makes an answer on the dashboard trustworthy.
 - embeddings.py: the two UMAP maps of what a run remembers.

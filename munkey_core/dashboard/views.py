@@ -4,13 +4,13 @@ The pages in `pages/` only lay things out; every number, image and decision they
 this module or from `service.MunkeyRun`:
 
 - evidence: `predict_test_sample`, `evidence_rows`, `training_images`, `display_image`
-- the dataset before its run exists (first start): `training_data`, `class_counts`
+- the first start (no run yet): `TrainingJob`, `training_data`, `class_counts`, from firststart.py
+  (re-exported here)
 - selection for deletion: `ids_from_bytes`, `similar_training_samples`, `classify_ids`
 - deletion with before/after metrics: `delete_and_measure` (its retrieval check is the receipt's,
   forget/evidence.py), `metrics_table`
 - charts: `deletion_requests`, `latest_metrics` (the audit log's views are in auditviews.py)
 - the operator check: `check_credential`
-- training the demo run off the UI thread: `TrainingJob` (progress, `seconds_left`, `status_line`)
 
 Costs: everything here is a few forwards or one bank search, except `delete_and_measure`, which
 runs `MunkeyRun.evaluate` once or twice (each <= max_samples images per set, K forwards each).
@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import threading
 import time
@@ -35,13 +34,15 @@ import numpy as np
 from munkey_core.errors import MunkeyError
 from munkey_core.eval.verdicts import class_matched_accuracy, forgetting_verdicts
 from munkey_core.eval.verdicts import overall as overall_verdict
-from munkey_core.dashboard.jobs import BackgroundJob, ProgressJob
+from munkey_core.dashboard.jobs import ProgressJob
 from munkey_core.model.predict import Predictions
-from munkey_core.service import MunkeyRun, Progress, train_run
+from munkey_core.service import MunkeyRun, Progress
 
 if TYPE_CHECKING:
     from munkey_core.data.duplicates import NearDuplicateIndex
 from munkey_core.forget.ids import ids_from_bytes  # noqa: F401  (re-exported for the pages)
+from munkey_core.dashboard.firststart import TrainingJob, class_counts, training_data  # noqa: F401  (re-exported)
+from munkey_core.data.images import display_image  # noqa: F401  (re-exported for the pages)
 
 METRIC_NAMES = ("TA", "RA", "FA", "MIA", "Ps")
 
@@ -56,39 +57,6 @@ def training_images(run: MunkeyRun, ids: Sequence[int]) -> np.ndarray:
         shape = tuple(run.config["image_shape"])
         return np.zeros((0, *shape, run.config["channels"]), np.uint8)
     return run.dataset.lookup([int(i) for i in ids]).images
-
-
-def display_image(image: np.ndarray, min_side: int = 96) -> np.ndarray:
-    """(H, W, C) uint8 -> an image to show: gray as (H, W), small images enlarged by an integer
-    factor with nearest-neighbour sampling so that 8x8 digits stay crisp instead of blurred."""
-    img = np.asarray(image)
-    if img.ndim == 3 and img.shape[-1] == 1:
-        img = img[..., 0]
-    side = min(img.shape[:2])
-    factor = max(1, int(np.ceil(min_side / max(side, 1))))
-    if factor > 1:
-        img = np.repeat(np.repeat(img, factor, axis=0), factor, axis=1)
-    return np.ascontiguousarray(img)
-
-
-def training_data(dataset: str, profile: str):
-    """The dataset a run of `profile` trains on, split and cut to max_train exactly as training does
-    (so the ids a page shows before the run exists are the run's ids after). Loads in well under a
-    second for the embedded digits; no model, no keys."""
-    from munkey_core.config import resolve_profile
-    from munkey_core.data.datasets import load_dataset
-
-    tc = resolve_profile(profile).train
-    return load_dataset(dataset, None, seed=tc.data_seed, max_train=tc.max_train or None)
-
-
-def class_counts(ds) -> list[dict]:
-    """Samples per class and split of a Dataset: one row per (class, split), for a bar chart."""
-    rows = []
-    for split in ("train", "val", "test"):
-        counts = np.bincount(ds.split(split).labels, minlength=ds.num_classes)
-        rows += [{"class": name, "split": split, "samples": int(n)} for name, n in zip(ds.class_names, counts)]
-    return rows
 
 
 # --------------------------------------------------------------------------- evidence
@@ -398,87 +366,7 @@ def deletion_requests(run: MunkeyRun) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------- training job
-
-
-class TrainingJob(BackgroundJob):
-    """Trains a run in a background thread so a UI can show progress and survive reruns."""
-
-    what = "Training"
-
-    def __init__(self, out: str | Path, *, dataset: str = "digits", profile: str = "cpu", device: str = "auto",
-                 overrides: dict | None = None, trainer: Callable[..., object] = train_run,
-                 threads: int | None = None) -> None:
-        from munkey_core.config import resolve_profile, with_overrides
-
-        super().__init__()
-        self.out = Path(out)
-        self.name = f"munkey-train-{self.out.name}"
-        self.dataset, self.profile, self.device = dataset, profile, device
-        self.overrides = dict(overrides or {})
-        self.epochs = int(with_overrides(resolve_profile(profile).train_for(dataset), self.overrides).epochs)
-        self._trainer = trainer
-        # CPU threads of the training thread (torch's thread count is per thread here): all cores but one,
-        # which stays with the pages and the server. On a busy 2-core machine torch's 2 threads stall at
-        # every barrier: an epoch of the cpu profile took 27-46 s with 2 threads and 5-7 s with 1
-        # (docs/performance.md, "Dashboard first start").
-        self.threads = max(1, (os.cpu_count() or 1) - 1) if threads is None else int(threads)
-        self.reset()
-
-    def reset(self) -> None:
-        self.epoch, self.last_record = 0, None
-        self.epoch_ends: list[float] = []  # time.time() when each epoch ended
-
-    def _on_epoch(self, record: dict) -> None:
-        self.epoch = int(record.get("epoch", self.epoch + 1))
-        self.last_record = dict(record)
-        self.epoch_ends.append(time.time())
-
-    @property
-    def seconds_left(self) -> float | None:
-        """Estimated seconds until the last epoch ends: the epochs left at the mean time of the epochs
-        since the first (the first one also loads the data and computes the keys, so it is not used).
-        None until two epochs have ended. Writing and opening the run afterwards takes about a second."""
-        ends = self.epoch_ends
-        if self.state != "running" or len(ends) < 2:
-            return None
-        per_epoch = (ends[-1] - ends[0]) / (len(ends) - 1)
-        return max(0.0, per_epoch * (self.epochs - self.epoch) - (time.time() - ends[-1]))
-
-    def status_line(self) -> str:
-        """One honest line for a page that waits for the model: percent done and the time left."""
-        if self.state == "done":
-            return "The demo model is trained; opening it."
-        if self.state != "running":
-            return "The demo model is not training" + (f": {self.error}" if self.error else ".")
-        left = self.seconds_left
-        secs = None if left is None else int(round(left))
-        eta = ("writing the run" if self.epoch >= self.epochs else
-               "time left known after the second epoch" if secs is None else
-               f"about {secs // 60} min {secs % 60:02d} s left")
-        return (f"The demo model is training: {100 * self.fraction:.0f}% ({self.stage}) · {eta} "
-                f"· {self.elapsed:.0f} s so far.")
-
-    def task(self) -> None:
-        import torch
-
-        torch.set_num_threads(self.threads)  # this thread's own setting: the pages keep theirs
-        self._trainer(self.dataset, self.out, profile=self.profile, device=self.device,
-                      overrides=self.overrides or None, progress=False, on_epoch=self._on_epoch)
-
-    @property
-    def fraction(self) -> float:
-        return 1.0 if self.state == "done" else min(1.0, self.epoch / max(self.epochs, 1))
-
-    @property
-    def stage(self) -> str:
-        if self.state == "running" and self.epoch == 0:
-            return "loading data and computing keys"
-        if self.state == "running":
-            rec = self.last_record or {}
-            acc = rec.get("val_acc")
-            return f"epoch {self.epoch}/{self.epochs}" + (f", validation accuracy {acc:.1f}%" if acc is not None else "")
-        return self.state
+# --------------------------------------------------------------------------- jobs
 
 
 class DeletionJob(ProgressJob):

@@ -1,7 +1,8 @@
 """Decode images (PNG, JPEG, BMP, TIFF, NPY; gray or RGB; any size or bit depth) into uint8 (H, W, C).
 
 One place for every image the product reads: dataset folders, CLI arguments and dashboard
-uploads. Uploads are decoded from bytes in memory and never written to disk.
+uploads. Uploads are decoded from bytes in memory and never written to disk. `display_image`
+enlarges small images for showing them (nearest neighbour: 8x8 digits stay crisp).
 """
 
 from __future__ import annotations
@@ -160,3 +161,16 @@ def resize_to(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     pil = Image.fromarray(image[..., 0] if c == 1 else image)
     out = np.asarray(pil.resize((shape[1], shape[0]), Image.Resampling.BILINEAR))
     return out.reshape(shape[0], shape[1], c)
+
+
+def display_image(image: np.ndarray, min_side: int = 96) -> np.ndarray:
+    """(H, W, C) uint8 -> an image to show: gray as (H, W), small images enlarged by an integer
+    factor with nearest-neighbour sampling so that 8x8 digits stay crisp instead of blurred."""
+    img = np.asarray(image)
+    if img.ndim == 3 and img.shape[-1] == 1:
+        img = img[..., 0]
+    side = min(img.shape[:2])
+    factor = max(1, int(np.ceil(min_side / max(side, 1))))
+    if factor > 1:
+        img = np.repeat(np.repeat(img, factor, axis=0), factor, axis=1)
+    return np.ascontiguousarray(img)
