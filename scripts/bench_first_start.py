@@ -11,7 +11,9 @@ of scripts/install.sh that trains the demo run once, so the dashboard opens on a
 for an operator: the bench then types the credential and clicks *Train the demo run* as soon as
 the page offers it.
 
-Then `streamlit run app.py` starts and Chromium opens it at once. Timed from the server's start:
+Then `streamlit run app.py` starts and Chromium opens it at once (and, once the model is ready, a
+second time on the trained run: the first start after the installer's step). Timed from the
+server's start:
 - usable Overview: the first screen a user can work with. With a run: the model card. Without
   one: the training progress line and the training images (the dataset browser) both drawn.
 - model ready: the Overview's model card ("MUNKEY model"), after the background training.
@@ -75,12 +77,14 @@ def measure(clone: Path, env: dict, log: Path, token: bool, limit_s: float) -> d
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             _wait_health(url, proc)
             out["server_answers_s"] = time.perf_counter() - t0
+            _say(f"server answers: {out['server_answers_s']:.1f} s")
             page.goto(url)
             model = page.get_by_role("heading", name="MUNKEY model")
             data = page.get_by_role("heading", name="The data the model trains on")
             while True:  # the first usable screen: the model card, or the progress and the dataset browser
                 if model.count() and page.get_by_role("heading", name="Model card").count():
                     out["usable_s"], out["usable_what"] = time.perf_counter() - t0, "model card (trained run)"
+                    _say(f"usable Overview: {out['usable_s']:.1f} s ({out['usable_what']})")
                     break
                 grid = page.locator("[data-testid=stImage] img")
                 if data.count() and grid.count() and page.locator("[data-testid=stProgress]").count() + \
@@ -88,11 +92,12 @@ def measure(clone: Path, env: dict, log: Path, token: bool, limit_s: float) -> d
                     grid.first.wait_for(state="visible")
                     out["usable_s"] = time.perf_counter() - t0
                     out["usable_what"] = "training progress + dataset browser (no run yet)"
+                    _say(f"usable Overview: {out['usable_s']:.1f} s ({out['usable_what']})")
                     break
                 if time.perf_counter() - t0 > limit_s:
                     raise RuntimeError("no usable Overview within the limit")
                 page.wait_for_timeout(200)
-            page.screenshot(path=str(log.parent / "first_screen.png"))
+            page.screenshot(path=str(log.parent / f"{log.stem}_first_screen.png"))
             if token and model.count() == 0:
                 cred = page.get_by_label("Operator credential (training writes the run folder)")
                 cred.fill(TOKEN)
@@ -102,6 +107,7 @@ def measure(clone: Path, env: dict, log: Path, token: bool, limit_s: float) -> d
                     page.wait_for_timeout(200)
                 button.click()
                 out["clicked_train_s"] = time.perf_counter() - t0
+                _say(f"operator clicked 'Train the demo run' at {out['clicked_train_s']:.1f} s")
             while model.count() == 0:
                 if time.perf_counter() - t0 > limit_s:
                     raise RuntimeError("the model was not ready within the limit")
@@ -112,12 +118,15 @@ def measure(clone: Path, env: dict, log: Path, token: bool, limit_s: float) -> d
                     if m:
                         out["eta_samples"].append((time.perf_counter() - t0, int(m.group(1)),
                                                    60 * int(m.group(2)) + int(m.group(3))))
+                        if len(out["eta_samples"]) % 30 == 1:
+                            _say(f"  at {out['eta_samples'][-1][0]:.0f} s: {text.strip()}")
                     elif "first epoch" in text:
                         out.setdefault("first_progress_s", time.perf_counter() - t0)
                 page.wait_for_timeout(2000)
             page.get_by_role("heading", name="Model card").wait_for(timeout=120_000)
             out["model_ready_s"] = time.perf_counter() - t0
-            page.screenshot(path=str(log.parent / "model_ready.png"))
+            _say(f"model ready (Overview's model card): {out['model_ready_s']:.1f} s")
+            page.screenshot(path=str(log.parent / f"{log.stem}_model_ready.png"))
             assert page.locator("[data-testid=stException]").count() == 0, "a page raised"
             browser.close()
     finally:
@@ -129,6 +138,10 @@ def measure(clone: Path, env: dict, log: Path, token: bool, limit_s: float) -> d
     return out
 
 
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--installer", action="store_true", help="time scripts/demo_run.sh (the installer's demo-run "
@@ -137,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-keys", action="store_true", help="keep the user's key cache (default: an empty one)")
     ap.add_argument("--profile", default="cpu", help="the demo run's profile (default cpu, the dashboard's; tiny: a "
                     "quick check of this script)")
-    ap.add_argument("--limit", type=float, default=1800, help="seconds before giving up")
+    ap.add_argument("--limit", type=float, default=3600, help="seconds before giving up")
     ap.add_argument("--out", type=Path, help="keep the clone, server log and screenshots here")
     args = ap.parse_args(argv)
     work = args.out or Path(tempfile.mkdtemp(prefix="munkey-first-start-"))
@@ -163,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         result["installer_demo_run_s"] = time.perf_counter() - t0
     load0 = os.getloadavg()[0]
     result.update(measure(clone, env, work / "server.log", args.token, args.limit))
+    _say("second start, the run now present (what the dashboard's first start is after the installer's step):")
+    again = measure(clone, env, work / "server2.log", False, args.limit)
+    result["second_start_s"] = again["usable_s"]
     load1 = os.getloadavg()[0]
     flags = " ".join(a for a, on in (("--installer", args.installer), ("--token", args.token),
                                      ("--warm-keys", args.warm_keys), (f"--profile {args.profile}",
@@ -177,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     if "clicked_train_s" in result:
         print(f"operator clicked 'Train the demo run' at {result['clicked_train_s']:.1f} s")
     print(f"model ready (Overview's model card): {result['model_ready_s']:.1f} s")
+    print(f"second start with the run present (after the installer's step): model card at "
+          f"{result['second_start_s']:.1f} s")
     end = result["model_ready_s"]
     for t, pct, left in result["eta_samples"][:: max(1, len(result["eta_samples"]) // 8)]:
         print(f"  at {t:6.1f} s: {pct:3d}% shown, {left:4d} s left shown, {end - t:6.1f} s left in fact")
