@@ -266,13 +266,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
         nbrs = preds.neighbours(i)
         items.append({
             "image": str(path), "prediction": int(preds.labels[i]), "class_name": names[int(preds.labels[i])],
-            "confidence": float(preds.confidence[i]), "mode": preds.mode,
+            "confidence": float(preds.confidence[i]), "mode": preds.mode, "search": run.searcher.describe(),
             "neighbours": [{"id": n.id, "label": n.label, "class_name": names[n.label], "similarity": n.similarity,
                             "weight": n.weight, "predicted": n.predicted} for n in nbrs],
         })
     if args.json:
         _emit(items[0] if len(items) == 1 else {"predictions": items}, True, "")
         return 0
+    how = run.searcher.describe()
+    print(f"search: {how['mode']} over {how['bank_rows']:,} bank rows" + (
+        f" (IVF: {how['nprobe']} of {how['nlist']} lists read, recall@10 {how['recall_at_10_validation']:.3f} "
+        "against exact on the run's validation keys)" if how["mode"] == "ivf" else ""))
     for it in items:
         print(f"{it['image']}: {it['class_name']} (class {it['prediction']}, confidence {it['confidence']:.3f}, "
               f"{it['mode']})")

@@ -62,6 +62,19 @@ def test_predict_json_has_prediction_and_evidence(tiny_run: Path, digit_png: Pat
     assert code == 0 and "similarity" in out
 
 
+def test_predict_says_how_it_searched_and_search_ivf_is_honoured(tiny_run: Path, digit_png: Path, capsys) -> None:
+    code, out, _ = run_cli(capsys, "predict", str(tiny_run), str(digit_png), "--json")
+    assert code == 0 and json.loads(out)["search"]["mode"] == "exact"  # a small bank: auto is exact
+    code, out, _ = run_cli(capsys, "predict", str(tiny_run), str(digit_png), "--search", "ivf", "--json")
+    how = json.loads(out)["search"]
+    assert code == 0 and how["mode"] == "ivf" and how["nprobe"] < how["nlist"]
+    assert how["recall_at_10_validation"] >= 0.95
+    code, out, _ = run_cli(capsys, "predict", str(tiny_run), str(digit_png), "--search", "ivf")
+    assert code == 0 and "search: ivf" in out and "recall@10" in out
+    with pytest.raises(SystemExit):  # argparse refuses a mode it does not know
+        run_cli(capsys, "predict", str(tiny_run), str(digit_png), "--search", "fast")
+
+
 def test_forget_then_evaluate_and_deleted_ids_never_retrieved(tiny_run: Path, digit_png: Path, capsys) -> None:
     code, out, _ = run_cli(capsys, "evaluate", str(tiny_run), "--json")
     assert code == 0
