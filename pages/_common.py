@@ -121,13 +121,15 @@ def training_panel(path: Path, *, page_needs_model: bool = True) -> TrainingJob 
     if job.state in ("idle", "failed"):
         if job.state == "failed":
             st.error(job.error or "Training failed.", icon=":material/error:")
-        from munkey_core.dashboard.views import credential_gate
+        allowed = token is None
+        if token is not None:
+            from munkey_core.dashboard.views import credential_gate  # the model code: drawn after the data
 
-        given = st.text_input("Operator credential (training writes the run folder)", type="password",
-                              key="train_credential") if token is not None else None
+            given = st.text_input("Operator credential (training writes the run folder)", type="password",
+                                  key="train_credential")
+            allowed = credential_gate.check(given, token, who="training panel")
         if st.button("Train the demo run" if job.state == "idle" else "Try again", type="primary",
-                     key="train_start", disabled=token is not None and not credential_gate.check(
-                         given, token, who="training panel")):
+                     key="train_start", disabled=not allowed):
             job.start()
             st.rerun()
         return job
