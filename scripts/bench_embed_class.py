@@ -1,6 +1,7 @@
 """Before/after timings of the Embeddings maps and of a class request, on one run, in one script.
 
     .venv/bin/python scripts/bench_embed_class.py RUN --before OLD_TREE [--repeats 1]
+    .venv/bin/python scripts/bench_embed_class.py RUN --before OLD_TREE --browser /usr/bin/chromium
 
 RUN is a MUNKEY run (the demo's: digits, cpu profile); it is copied to a temporary folder for each
 measurement, never changed. OLD_TREE is a checkout of the code to compare with (for example
@@ -123,6 +124,101 @@ def measure(run: Path, tree: Path, scratch: Path) -> dict:
     return out
 
 
+def _server(tree: Path, run: Path, log: Path):
+    """`streamlit run app.py` of `tree` on a free loopback port, for `run`; returns (process, url)."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(tree), MUNKEY_RUN=str(run), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1")
+    env.pop("MUNKEY_OPERATOR_TOKEN", None)
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(tree / "app.py"), "--server.port", str(port),
+                             "--server.address", "127.0.0.1", "--server.headless", "true",
+                             "--browser.gatherUsageStats", "false"], cwd=tree, env=env,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(url + "/_stcore/health", timeout=2).read() == b"ok":
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("streamlit did not start: " + log.read_text()[-2000:])
+
+
+def browser_measure(run: Path, tree: Path, scratch: Path, chromium: str) -> dict:
+    """The same steps as `measure`, clicked in Chromium against a real server of `tree` (wall time from
+    the click to the page showing the result)."""
+    from playwright.sync_api import sync_playwright
+
+    from munkey_core.run.rows import bank_ids
+
+    work = scratch / "run"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(run, work)
+    victims = [int(i) for i in bank_ids(work)[::97][:10]]
+    log = scratch / "server.log"
+    out: dict = {}
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+
+    def idle(page) -> None:
+        page.wait_for_timeout(300)
+        page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=600_000)
+
+    def open_page(page, link: str, wait_text: str) -> float:
+        t0 = time.perf_counter()
+        page.get_by_role("link", name=link).click()
+        page.get_by_text(wait_text).first.wait_for(timeout=600_000)
+        return time.perf_counter() - t0
+
+    def start(p):
+        proc, url = _server(tree, work, log)
+        browser = p.chromium.launch(executable_path=chromium, args=args)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        page.get_by_role("heading", name="MUNKEY model").wait_for(timeout=300_000)
+        idle(page)
+        return proc, browser, page
+
+    with sync_playwright() as p:
+        proc, browser, page = start(p)
+        try:
+            out["embeddings_first_s"] = open_page(page, "Embeddings", "Draw a lasso")
+            env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+            subprocess.run([sys.executable, "-m", "munkey_core.cli", "forget", str(work), "--ids",
+                            ",".join(map(str, victims)), "--operator", "bench", "--no-evaluate"], env=env,
+                           check=True, capture_output=True)
+            open_page(page, "Audit log", "Audit log")
+            idle(page)
+            out["embeddings_after_deletion_s"] = open_page(page, "Embeddings", f"{len(victims)} of them deleted")
+        finally:
+            browser.close()
+            proc.terminate()
+            proc.wait(20)
+        proc, browser, page = start(p)
+        try:
+            out["embeddings_after_restart_s"] = open_page(page, "Embeddings", f"{len(victims)} of them deleted")
+            open_page(page, "Class unlearning", "Run the request")
+            idle(page)
+            page.wait_for_timeout(10_000)  # a user reads the page before clicking (the new code warms up meanwhile)
+            t0 = time.perf_counter()
+            page.get_by_role("button", name="Run the request").click()
+            page.get_by_text("Result: class").wait_for(timeout=600_000)
+            idle(page)
+            out["class_request_s"] = time.perf_counter() - t0
+        finally:
+            browser.close()
+            proc.terminate()
+            proc.wait(20)
+    shutil.rmtree(work)
+    return out
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, run_dir = sys.argv[2], sys.argv[3]
@@ -134,7 +230,27 @@ def main() -> None:
     ap.add_argument("--before", type=Path, required=True, help="a checkout of the code to compare with")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--browser", metavar="CHROMIUM", help="instead: click the same steps in this Chromium binary "
+                    "against a real `streamlit run` of each tree (needs Playwright)")
     a = ap.parse_args()
+    if a.browser:
+        t_start = time.time()
+        res = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for label, tree in (("before", a.before), ("after", ROOT)):
+                res[label] = browser_measure(a.run, tree.resolve(), Path(tmp), a.browser)
+        if a.json:
+            a.json.write_text(json.dumps(res, indent=1))
+        print(f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}, Chromium, {os.cpu_count()} CPUs, "
+              f"in {time.time() - t_start:.0f} s; load average (1 min) {os.getloadavg()[0]:.2f} after.\n")
+        print("| in Chromium (click to result) | before (s) | after (s) | ratio |\n|---|---:|---:|---:|")
+        for key, name in (("embeddings_first_s", "Embeddings: first map"),
+                          ("embeddings_after_deletion_s", "Embeddings: after a deletion of 10 ids (CLI)"),
+                          ("embeddings_after_restart_s", "Embeddings: after a server restart"),
+                          ("class_request_s", "Class unlearning: Run the request (keys + UnAct, 3 comparisons)")):
+            b_, n_ = res["before"][key], res["after"][key]
+            print(f"| {name} | {b_:.1f} | {n_:.1f} | {b_ / n_:.1f}x |")
+        return
     t_start = time.time()
     results: dict[str, list] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
