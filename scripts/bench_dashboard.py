@@ -99,6 +99,18 @@ def measure(bench: Bench, repeats: int, png: bytes) -> tuple[list[tuple[str, lis
         at.run()
     long_jobs["Embeddings: UMAP maps cold (background job, progress shown)"] = time.perf_counter() - t0
 
+    from munkey_core.service import MunkeyRun  # a deletion of 10 ids, then the Embeddings page again
+
+    MunkeyRun(bench.run_dir, device="cpu").forget(bank_ids[::-97][:10], operator="bench", evaluate=False)
+    t0 = time.perf_counter()
+    at = bench.page("embeddings")
+    while len(at.get("plotly_chart")) < 2 or not any("10 of them deleted" in c.value for c in at.caption):
+        if at.error or time.perf_counter() - t0 > bench.timeout:
+            raise RuntimeError("the maps were not computed: " + "; ".join(e.value for e in at.error))
+        time.sleep(0.2)
+        at.run()
+    long_jobs["Embeddings: after a deletion of 10 ids (the fit read from the run's cache)"] = time.perf_counter() - t0
+
     t0 = time.perf_counter()  # Class unlearning: one request with its comparisons, as a background job
     at = bench.page("class_unlearning")
     at.button(key="class_run").click().run()
@@ -211,7 +223,9 @@ Notes
   the dataset on the first thumbnail); the max column shows them, the median is the steady state.
 - "Embeddings: open page (warm cache)" reuses the maps computed by the background job for the same run,
   bank file state, cap and seed (st.cache_resource); "UMAP maps cold" includes numba compiling UMAP's
-  kernels, which happens once per server process.
+  kernels, which happens once per server process. "after a deletion" reads the fit kept in the run
+  (embeddings/, purged by the deletion) instead of refitting; the crosses of the deleted samples are
+  computed then (docs/performance.md, "Embeddings after a deletion").
 """
 
 
