@@ -227,17 +227,22 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run", type=Path)
-    ap.add_argument("--before", type=Path, required=True, help="a checkout of the code to compare with")
+    ap.add_argument("--before", type=Path, help="a checkout of the code to compare with (required unless "
+                    "--after-only)")
+    ap.add_argument("--after-only", action="store_true", help="measure this tree only (a re-check)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json", type=Path, help="write every figure here")
     ap.add_argument("--browser", metavar="CHROMIUM", help="instead: click the same steps in this Chromium binary "
                     "against a real `streamlit run` of each tree (needs Playwright)")
     a = ap.parse_args()
+    if a.before is None and not a.after_only:
+        ap.error("--before is required (or --after-only)")
+    trees = [("after", ROOT)] if a.after_only else [("before", a.before), ("after", ROOT)]
     if a.browser:
         t_start = time.time()
         res = {}
         with tempfile.TemporaryDirectory() as tmp:
-            for label, tree in (("before", a.before), ("after", ROOT)):
+            for label, tree in trees:
                 res[label] = browser_measure(a.run, tree.resolve(), Path(tmp), a.browser)
         if a.json:
             a.json.write_text(json.dumps(res, indent=1))
@@ -248,14 +253,14 @@ def main() -> None:
                           ("embeddings_after_deletion_s", "Embeddings: after a deletion of 10 ids (CLI)"),
                           ("embeddings_after_restart_s", "Embeddings: after a server restart"),
                           ("class_request_s", "Class unlearning: Run the request (keys + UnAct, 3 comparisons)")):
-            b_, n_ = res["before"][key], res["after"][key]
+            b_, n_ = res.get("before", {}).get(key, float("nan")), res["after"][key]
             print(f"| {name} | {b_:.1f} | {n_:.1f} | {b_ / n_:.1f}x |")
         return
     t_start = time.time()
     results: dict[str, list] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(a.repeats):
-            for label, tree in (("before", a.before), ("after", ROOT)):
+            for label, tree in trees:
                 results[label].append(measure(a.run, tree.resolve(), Path(tmp)))
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
             "cpus": os.cpu_count(), "seconds": round(time.time() - t_start), "load_after": os.getloadavg()[0]}
@@ -264,6 +269,8 @@ def main() -> None:
         a.json.write_text(json.dumps(report, indent=1))
 
     def med(label: str, *path: str) -> float:
+        if not results[label]:
+            return float("nan")
         vals = []
         for r in results[label]:
             v = r
@@ -287,7 +294,7 @@ def main() -> None:
     last = results["after"][-1]
     print(f"\nafter: kept points moved by at most {last['embeddings_first']['kept_points_max_move']} after the "
           f"deletion; deleted ids left in the cache files: {last['embeddings_first']['deleted_ids_in_cache_files']}")
-    for label in ("before", "after"):
+    for label in [t for t, _ in trees]:
         rows_ = results[label][-1]["class"]["request_rows"]
         print(f"{label}: " + "; ".join(f"{r['method']} Af {r['Af']:.1f} Ar {r['Ar']:.1f}" for r in rows_))
 

@@ -174,13 +174,17 @@ def place_by_neighbours(x: np.ndarray, ref: np.ndarray, ref_xy: np.ndarray, n: i
     return xy
 
 
+def _require_bank(run: MunkeyRun) -> None:
+    if len(run.bank) == 0:
+        raise MunkeyError("The memory bank is empty: every training sample has been deleted, so there is "
+                          "nothing to retrieve and no exemplar to map.")
+
+
 def fit_maps(run: MunkeyRun, params: MapParams = MapParams(), progress: Progress | None = None) -> CachedMaps:
     """Fit both maps on a seeded subsample of at most `max_points` samples still in the bank. Cost: K
     forwards per sample, then two UMAP fits (the long part). Raises MunkeyError when the bank is empty."""
     report = progress or (lambda stage, frac: None)
-    if len(run.bank) == 0:
-        raise MunkeyError("The memory bank is empty: every training sample has been deleted, so there is "
-                          "nothing to retrieve and no exemplar to map.")
+    _require_bank(run)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     report("loading the training data and its keys", 0.0)
@@ -233,9 +237,7 @@ def compute_maps(run: MunkeyRun, params: MapParams = MapParams(), progress: Prog
     current bank, placed by `place_by_neighbours` among the fitted points (at most `max_points` of
     them, seeded). Raises MunkeyError when the bank is empty."""
     report = progress or (lambda stage, frac: None)
-    if len(run.bank) == 0:
-        raise MunkeyError("The memory bank is empty: every training sample has been deleted, so there is "
-                          "nothing to retrieve and no exemplar to map.")
+    _require_bank(run)
     seconds: dict[str, float] = {}
     key = cache_key(run, params)
     path = cache_path(run.paths.root, key)
