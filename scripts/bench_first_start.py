@@ -63,7 +63,7 @@ def _wait_health(url: str, proc: subprocess.Popen, limit: float = 120) -> None:
     raise RuntimeError("streamlit did not answer")
 
 
-def measure(clone: Path, env: dict, log: Path, token: bool, limit_s: float) -> dict:
+def measure(clone: Path, env: dict, log: Path, token: bool, limit_s: float, usable_only: bool = False) -> dict:
     from playwright.sync_api import sync_playwright
 
     from _browser import ARGS, CHROMIUM
@@ -98,6 +98,9 @@ def measure(clone: Path, env: dict, log: Path, token: bool, limit_s: float) -> d
                     raise RuntimeError("no usable Overview within the limit")
                 page.wait_for_timeout(200)
             page.screenshot(path=str(log.parent / f"{log.stem}_first_screen.png"))
+            if usable_only:
+                browser.close()
+                return out
             if token and model.count() == 0:
                 cred = page.get_by_label("Operator credential (training writes the run folder)")
                 cred.fill(TOKEN)
@@ -146,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--installer", action="store_true", help="time scripts/demo_run.sh (the installer's demo-run "
                     "step) in the clone first")
+    ap.add_argument("--run", type=Path, help="copy this trained demo run into the clone's runs/demo first (what the "
+                    "installer's step leaves), instead of training it")
+    ap.add_argument("--usable-only", action="store_true", help="stop at the usable Overview (no waiting for training)")
+    ap.add_argument("--repeats", type=int, default=1, help="fresh clones measured one after the other")
     ap.add_argument("--token", action="store_true", help="start with an operator credential (README's command)")
     ap.add_argument("--warm-keys", action="store_true", help="keep the user's key cache (default: an empty one)")
     ap.add_argument("--profile", default="cpu", help="the demo run's profile (default cpu, the dashboard's; tiny: a "
@@ -155,10 +162,32 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     work = args.out or Path(tempfile.mkdtemp(prefix="munkey-first-start-"))
     work.mkdir(parents=True, exist_ok=True)
+    head = subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], text=True).strip()
+    flags = " ".join(a for a, on in (("--installer", args.installer), ("--token", args.token),
+                                     ("--warm-keys", args.warm_keys), (f"--profile {args.profile}",
+                                                                       args.profile != "cpu"),
+                                     (f"--run {args.run}", args.run is not None), ("--usable-only", args.usable_only),
+                                     (f"--repeats {args.repeats}", args.repeats != 1)) if on)
+    _say(f"$ .venv/bin/python scripts/bench_first_start.py {flags}".rstrip())
+    usable = []
+    for rep in range(args.repeats):
+        load0 = os.getloadavg()[0]
+        result = _one(args, work / f"rep{rep}")
+        usable.append(result["usable_s"])
+        _say(f"repeat {rep + 1}: clone of {head}, {os.cpu_count()} CPUs, load average (1 min) {load0:.2f} before, "
+             f"{os.getloadavg()[0]:.2f} after; key cache {'warm' if args.warm_keys else 'empty'}; files in {work}")
+    if args.repeats > 1:
+        _say(f"usable Overview over {args.repeats} fresh clones: median {sorted(usable)[len(usable) // 2]:.1f} s, "
+             f"min {min(usable):.1f} s, max {max(usable):.1f} s")
+    return 0
+
+
+def _one(args: argparse.Namespace, work: Path) -> dict:
+    """One fresh clone, started and measured; prints each milestone."""
+    work.mkdir(parents=True, exist_ok=True)
     clone = work / "clone"
     if clone.exists():
         shutil.rmtree(clone)
-    head = subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], text=True).strip()
     subprocess.check_call(["git", "clone", "--quiet", str(ROOT), str(clone)])
     (clone / ".venv").symlink_to((ROOT / ".venv").resolve())
     env = {k: v for k, v in os.environ.items() if not k.startswith("MUNKEY_")}
@@ -170,35 +199,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile != "cpu":
         env["MUNKEY_PROFILE"] = args.profile
     result: dict = {}
+    if args.run is not None:
+        shutil.copytree(args.run, clone / "runs" / "demo")
     if args.installer:
         t0 = time.perf_counter()
         subprocess.check_call(["bash", "scripts/demo_run.sh"], cwd=clone, env=env)
         result["installer_demo_run_s"] = time.perf_counter() - t0
-    load0 = os.getloadavg()[0]
-    result.update(measure(clone, env, work / "server.log", args.token, args.limit))
-    _say("second start, the run now present (what the dashboard's first start is after the installer's step):")
-    again = measure(clone, env, work / "server2.log", False, args.limit)
-    result["second_start_s"] = again["usable_s"]
-    load1 = os.getloadavg()[0]
-    flags = " ".join(a for a, on in (("--installer", args.installer), ("--token", args.token),
-                                     ("--warm-keys", args.warm_keys), (f"--profile {args.profile}",
-                                                                       args.profile != "cpu")) if on)
-    print(f"$ .venv/bin/python scripts/bench_first_start.py {flags}".rstrip())
-    print(f"clone of {head}, {os.cpu_count()} CPUs, load average (1 min) {load0:.2f} before, {load1:.2f} after; "
-          f"key cache {'warm' if args.warm_keys else 'empty'}; files in {work}")
-    if "installer_demo_run_s" in result:
-        print(f"installer's demo-run step (scripts/demo_run.sh): {result['installer_demo_run_s']:.1f} s")
-    print(f"server answers: {result['server_answers_s']:.1f} s")
-    print(f"usable Overview: {result['usable_s']:.1f} s ({result['usable_what']})")
-    if "clicked_train_s" in result:
-        print(f"operator clicked 'Train the demo run' at {result['clicked_train_s']:.1f} s")
-    print(f"model ready (Overview's model card): {result['model_ready_s']:.1f} s")
-    print(f"second start with the run present (after the installer's step): model card at "
-          f"{result['second_start_s']:.1f} s")
+        _say(f"installer's demo-run step (scripts/demo_run.sh): {result['installer_demo_run_s']:.1f} s")
+    result.update(measure(clone, env, work / "server.log", args.token, args.limit, args.usable_only))
+    if args.usable_only or "model_ready_s" not in result:
+        return result
     end = result["model_ready_s"]
     for t, pct, left in result["eta_samples"][:: max(1, len(result["eta_samples"]) // 8)]:
-        print(f"  at {t:6.1f} s: {pct:3d}% shown, {left:4d} s left shown, {end - t:6.1f} s left in fact")
-    return 0
+        _say(f"  at {t:6.1f} s: {pct:3d}% shown, {left:4d} s left shown, {end - t:6.1f} s left in fact")
+    if result.get("usable_what", "").startswith("training"):
+        _say("second start, the run now present (what the dashboard's first start is after the installer's step):")
+        measure(clone, env, work / "server2.log", False, args.limit, usable_only=True)
+    return result
 
 
 if __name__ == "__main__":
