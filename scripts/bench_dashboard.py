@@ -226,6 +226,8 @@ Notes
   kernels, which happens once per server process. "after a deletion" reads the fit kept in the run
   (embeddings/, purged by the deletion) instead of refitting; the crosses of the deleted samples are
   computed then (docs/performance.md, "Embeddings after a deletion").
+- The first start of a fresh clone (no run yet) is measured in Chromium by scripts/bench_first_start.py:
+  see docs/performance.md, "Dashboard first start".
 """
 
 
