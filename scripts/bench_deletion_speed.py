@@ -58,24 +58,30 @@ else:
     res = run.forget(ids, operator="bench", evaluate=False)
     out["seconds"] = time.perf_counter() - t
     out["storage_seconds"] = res.seconds
+import munkey_core
+out["module"] = munkey_core.__file__
 print("RESULT " + json.dumps(out))
 """
 
 
 def _worker(tree: Path, scenario: str, run: Path, ids_file: Path, env: dict) -> dict:
+    # cwd: the run's folder, never a source tree (python -c and -m put the working directory first on sys.path)
     p = subprocess.run([sys.executable, "-c", WORKER, scenario, str(run), str(ids_file)], env={**env, "PYTHONPATH": str(tree)},
-                       capture_output=True, text=True, check=False)
+                       capture_output=True, text=True, check=False, cwd=run)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not line:
         raise SystemExit(f"{scenario} with {tree} failed:\n{p.stderr[-3000:]}")
-    return json.loads(line[-1][len("RESULT "):])
+    out = json.loads(line[-1][len("RESULT "):])
+    if not Path(out["module"]).resolve().is_relative_to(tree):
+        raise SystemExit(f"{scenario} ran {out['module']}, not the tree {tree}")
+    return out
 
 
 def _cli(tree: Path, run: Path, ids_file: Path, env: dict) -> float:
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "munkey_core.cli", "forget", str(run), "--ids-file", str(ids_file),
                         "--operator", "bench", "--no-evaluate"], env={**env, "PYTHONPATH": str(tree)},
-                       capture_output=True, text=True, check=False)
+                       capture_output=True, text=True, check=False, cwd=run)
     if p.returncode:
         raise SystemExit(f"munkey forget with {tree} failed:\n{p.stderr[-3000:]}")
     return time.perf_counter() - t
