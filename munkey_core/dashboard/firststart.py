@@ -19,21 +19,20 @@ from typing import Callable
 
 import numpy as np
 
+from munkey_core.config import resolve_profile, with_overrides
 from munkey_core.dashboard.jobs import BackgroundJob
+from munkey_core.data.datasets import Dataset, load_dataset
 
 
-def training_data(dataset: str, profile: str):
+def training_data(dataset: str, profile: str) -> Dataset:
     """The dataset a run of `profile` trains on, split and cut to max_train exactly as training does
     (so the ids a page shows before the run exists are the run's ids after). Loads in well under a
     second for the embedded digits; no model, no keys."""
-    from munkey_core.config import resolve_profile
-    from munkey_core.data.datasets import load_dataset
-
     tc = resolve_profile(profile).train_for(dataset)
     return load_dataset(dataset, None, seed=tc.data_seed, max_train=tc.max_train or None)
 
 
-def class_counts(ds) -> list[dict]:
+def class_counts(ds: Dataset) -> list[dict]:
     """Samples per class and split of a Dataset: one row per (class, split), for a bar chart."""
     rows = []
     for split in ("train", "val", "test"):
@@ -51,8 +50,6 @@ class TrainingJob(BackgroundJob):
     def __init__(self, out: str | Path, *, dataset: str = "digits", profile: str = "cpu", device: str = "auto",
                  overrides: dict | None = None, trainer: Callable[..., object] | None = None,
                  threads: int | None = None) -> None:
-        from munkey_core.config import resolve_profile, with_overrides
-
         super().__init__()
         self.out = Path(out)
         self.name = f"munkey-train-{self.out.name}"
