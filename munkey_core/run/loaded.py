@@ -240,14 +240,22 @@ class LoadedMunkeyRun(LoadedRun):
         if it fails, the bank in memory still matches it and the journal is rolled forward later."""
         rows.delete_bank_rows(self.paths.bank, ids)
         with self.lock:
+            mode = self._search_mode()
             self.bank.delete(ids)
             self._bank_generation += 1
-            self.predictions.deleted(ids, self._cache_state())  # only the queries that retrieved them
+            if self._search_mode() == mode:
+                self.predictions.deleted(ids, self._cache_state())  # only the queries that retrieved them
+            else:  # the bank crossed the exact/IVF size: every query searches another way now
+                self.predictions.clear(self._cache_state())
         self._stamp = self._disk_stamp()
 
     def _cache_state(self) -> tuple:
         """What the cached predictions are valid for: this bank (object, size, generation), model and search."""
-        return (self._bank_generation, id(self.bank), len(self.bank), id(self.model), id(self.searcher))
+        return (self._bank_generation, id(self.bank), len(self.bank), id(self.model), id(self.searcher),
+                self._search_mode())
+
+    def _search_mode(self) -> str | None:
+        return None if self.searcher is None else self.searcher.mode
 
     def append_metrics(self, entry: dict) -> None:
         """Append one evaluation to metrics.json (under both locks: appends never interleave)."""

@@ -113,3 +113,20 @@ def test_the_retain_and_forget_samples_change_only_by_the_rows_a_deletion_moves(
     assert len(second) == 100 and not np.isin(gone, second).any()
     assert len(np.setdiff1d(first, second)) == 7  # only the deleted rows left the sample
     assert (_first_in_order(in_bank, 0, order) == np.flatnonzero(in_bank)).all()  # 0 = all rows
+
+
+def test_a_deletion_that_switches_the_search_from_ivf_to_exact_drops_every_prediction(tiny_run: Path) -> None:
+    from munkey_core.config import SearchConfig
+
+    probe = MunkeyRun(tiny_run, device="cpu")
+    n = len(probe.bank)
+    run = MunkeyRun(tiny_run, device="cpu", search=SearchConfig(mode="auto", exact_below=n))
+    assert run.searcher.mode == "ivf"
+    everything = np.arange(len(run.dataset.test))
+    run.predict_rows("test", everything)
+    retrieved = _direct(run, "test").neighbour_ids
+    far = [int(i) for i in run.bank.ids if not np.isin(i, retrieved).any()][:1]
+    run.forget(far, operator="tester")  # retrieved by no test query: only the search mode changed
+    assert run.searcher.mode == "exact"
+    assert run.predictions.valid_rows(("test", "both", run.train_cfg.k)) == 0
+    np.testing.assert_allclose(run.predict_rows("test", everything), _direct(run, "test").probs, atol=1e-5)
