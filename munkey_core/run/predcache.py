@@ -8,9 +8,12 @@ K neighbours included a deleted id change. `PredictionCache` keeps, per table (s
 each predicted row's class probabilities and neighbour ids: `deleted(ids)` drops the rows that
 retrieved a deleted id (their probabilities and neighbour ids are zeroed, so nothing derived from a
 deleted row stays in memory), `clear()` drops everything (a reload from disk: the bank may have
-changed in any way). Each access names the state it expects (`state`: the bank and model objects and
-the bank's size); a state the cache was not told about (a bank replaced or edited behind the run's
-back) clears it first, so a stale prediction is never served.
+changed in any way), and so does a deletion that moves the bank across the exact/IVF search size
+(run/loaded.py). Each access names the state it expects (`state`: the bank, model and search
+objects, the bank's size and search mode); a state the cache was not told about (a bank replaced
+or edited behind the run's back) clears it first, so a stale prediction is never served.
+The IVF search keeps the argument: its centroids do not change with the bank, and a query's probed
+lists still hold its K nearest rows when none of them was deleted.
 Users: run/loaded.py `LoadedMunkeyRun.predict_rows` (under the run's lock), eval/evaluate.py.
 Tests: tests/eval/test_incremental.py.
 """
