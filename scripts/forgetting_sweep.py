@@ -59,7 +59,7 @@ args = ap.parse_args()
 
 over = {k: parse_val(v) for k, v in (s.split("=", 1) for s in args.set)}
 prof = PROFILES["cpu"]
-cfg = with_overrides(prof.train, over)
+cfg = with_overrides(prof.train, over)  # the profile's base recipe: digits ships it with augment_shift=0.2 (config.py)
 ds = data_mod.load_dataset(args.dataset, None, seed=0, max_train=cfg.max_train or None)
 enc = keys_mod.load_encoder(keys_mod.DEFAULT_ENCODER, device="cpu")
 tk = keys_mod.cached_keys(enc, ds.train.images, ds.train.ids, dataset=ds.name, split="train", progress=False)
