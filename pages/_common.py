@@ -221,6 +221,26 @@ def image_grid(images: Sequence, captions: Sequence[str], *, size: int, per_row:
             col.caption(text)
 
 
+def grid_filter(key: str, ids: Sequence[int], labels: Sequence[int], class_names: Sequence[str], *,
+                limit: int | None = None, classes: bool = True):
+    """Class and id filters above an image grid, and the count shown ("Showing 12 of 126."). Returns the
+    gridfilter.GridView (positions into ids to draw); filtering changes only what is drawn, never a selection."""
+    from munkey_core.dashboard.gridfilter import GridFilter, filter_grid
+
+    cols = st.columns(2)
+    picked = (cols[0].multiselect("Filter by class", range(len(class_names)), format_func=lambda c: class_names[c],
+                                  key=f"{key}_classes", placeholder="all classes") if classes else [])
+    query = cols[1 if classes else 0].text_input("Filter by id", key=f"{key}_ids",
+                                                 placeholder="all ids, or e.g. 12, 40-60")
+    try:
+        view = filter_grid(ids, labels, GridFilter(tuple(picked), query), limit=limit)
+    except MunkeyError as exc:  # an unreadable id filter: say so, filter by class only
+        st.error(str(exc), icon=":material/error:")
+        view = filter_grid(ids, labels, GridFilter(tuple(picked)), limit=limit)
+    st.caption(view.caption)
+    return view
+
+
 @st.cache_resource(max_entries=2, show_spinner="Indexing the training images for copy search (once per run)...")
 def _copy_index(path: str, train_size: int):
     from munkey_core.dashboard.trust import copy_index

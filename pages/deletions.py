@@ -22,7 +22,7 @@ from munkey_core.dashboard.views import (DeletionJob, classify_ids, credential_g
                                          metrics_table, similar_training_samples, training_images, unknown_ids_message)
 from munkey_core.eval.verdicts import FORGOTTEN, NOT_YET
 from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, copy_index_for, decoded_uploads, fmt,
-                           require_run, thumbnail_grid, user_errors)
+                           grid_filter, require_run, thumbnail_grid, user_errors)
 
 PREVIEW_MAX = 24
 PER_ROW = 8
@@ -163,10 +163,13 @@ else:
         if similar_rows:
             st.caption("Candidates: an exact or near-duplicate copy of an uploaded image first, then the most similar "
                        "training samples by key (cosine). Untick the ones the request does not name.")
-            pics = training_images(run, [r["id"] for r in similar_rows])
-            for start in range(0, len(similar_rows), PER_ROW):
+            view = grid_filter("cand_filter", [r["id"] for r in similar_rows], [r["label"] for r in similar_rows],
+                               names)
+            shown_rows = [similar_rows[int(j)] for j in view.rows]
+            pics = training_images(run, [r["id"] for r in shown_rows])
+            for start in range(0, len(shown_rows), PER_ROW):
                 cols = st.columns(PER_ROW)
-                for col, r, pic in zip(cols, similar_rows[start:start + PER_ROW], pics[start:start + PER_ROW]):
+                for col, r, pic in zip(cols, shown_rows[start:start + PER_ROW], pics[start:start + PER_ROW]):
                     col.image(display_image(pic, 128), width="stretch")
                     col.caption(f"**id {r['id']}** · {r['label_name']}  \n"
                                 + (f"copy ({r['copy_score']:.3f})" if r["copy"] else f"similar ({r['similarity']:.2f})"))
@@ -201,12 +204,15 @@ if ids:
                      icon=":material/remove_circle:"):
             st.session_state["drop_unknown_for"] = raw_sig
             st.rerun()
-    preview = groups["in_bank"][:PREVIEW_MAX]
-    if preview:
+    in_bank = groups["in_bank"]
+    if in_bank:
         with user_errors():
-            thumbnail_grid(run, preview, size=64, per_row=PER_ROW, caption=lambda i, name: f"id {i} · {name}")
-        if len(groups["in_bank"]) > PREVIEW_MAX:
-            st.caption(f"Showing {PREVIEW_MAX} of {len(groups['in_bank'])} samples.")
+            st.caption(f"The filters below change only what is shown: all {len(in_bank)} sample(s) in the memory "
+                       "bank stay in the request.")
+            view = grid_filter("preview_filter", in_bank, run.dataset.lookup(in_bank).labels, names, limit=PREVIEW_MAX)
+            preview = [in_bank[int(j)] for j in view.rows]
+            if preview:
+                thumbnail_grid(run, preview, size=64, per_row=PER_ROW, caption=lambda i, name: f"id {i} · {name}")
 
 st.subheader("Delete")
 token = configured_token()

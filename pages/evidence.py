@@ -10,8 +10,8 @@ import streamlit as st
 from munkey_core.model.predict import MODES
 from munkey_core.dashboard.views import display_image, evidence_rows, predict_test_sample, training_images
 from munkey_core.dashboard.trust import assess_evidence, find_copies
-from pages._common import (IMAGE_TYPES, copy_index_for, decoded_uploads, require_run, similarity_calibration_for,
-                           user_errors)
+from pages._common import (IMAGE_TYPES, copy_index_for, decoded_uploads, grid_filter, require_run,
+                           similarity_calibration_for, user_errors)
 
 MODE_LABELS = {"ensemble": "Ensemble (default: K forwards, weighted)",
                "softmax_fusion": "Softmax fusion (one forward, weighted mean exemplar)",
@@ -79,11 +79,13 @@ def show_prediction(title: str, image, preds, i: int, true_label: int | None = N
                          f"The prediction ({names[predicted]}) is wrong.")
         st.markdown(f"**{info['summary']}.**")
         st.caption(info["confidence_note"])
-    imgs = training_images(run, [r["id"] for r in rows])
     st.markdown("**Similar training cases**, most similar first")
-    for start in range(0, len(rows), PER_ROW):
+    view = grid_filter(f"cases_filter_{title}", [r["id"] for r in rows], [r["label"] for r in rows], names)
+    shown = [rows[int(j)] for j in view.rows]  # the expert view below keeps every retrieved case
+    imgs = training_images(run, [r["id"] for r in shown])
+    for start in range(0, len(shown), PER_ROW):
         cols = st.columns(PER_ROW)
-        for col, r, img in zip(cols, rows[start:start + PER_ROW], imgs[start:start + PER_ROW]):
+        for col, r, img in zip(cols, shown[start:start + PER_ROW], imgs[start:start + PER_ROW]):
             col.image(display_image(img, 128), width="stretch")
             col.caption(f"**{r['label_name']}** · {100 * r['weight']:.0f}% of the answer  \nsimilarity {r['similarity']:.2f}")
     with st.expander("Expert view: ids, weights and votes"):

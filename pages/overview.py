@@ -8,7 +8,8 @@ import plotly.express as px
 import streamlit as st
 
 from munkey_core.dashboard.firststart import class_counts, training_data
-from pages._common import collect_finished_job, demo_profile, fmt, get_run, image_grid, run_dir, training_panel
+from pages._common import (collect_finished_job, demo_profile, fmt, get_run, grid_filter, image_grid, run_dir,
+                           training_panel)
 
 
 @st.cache_resource(max_entries=2, show_spinner=False)
@@ -38,9 +39,9 @@ def _first_start() -> None:
     st.subheader("Browse the training images")
     pick = st.selectbox("Class", range(ds.num_classes), format_func=lambda c: ds.class_names[c], key="browse_class")
     rows = ds.train.subset(ds.train.labels == pick)
-    shown = min(len(rows), 24)
-    st.caption(f"{shown} of the {len(rows)} training images of class {ds.class_names[pick]}, with their ids.")
-    image_grid(rows.images[:shown], [f"id {int(i)}" for i in rows.ids[:shown]], size=48, per_row=8)
+    view = grid_filter("browse_filter", rows.ids, rows.labels, ds.class_names, limit=24, classes=False)
+    image_grid(rows.images[view.rows], [f"id {int(i)}" for i in rows.ids[view.rows]],
+               size=48, per_row=8)
     with panel:
         training_panel(run_dir(), page_needs_model=False)
 
