@@ -24,6 +24,13 @@ PREFILL_KEY = "deletion_ids_prefill"  # read by the Deletion requests page: list
 THUMBS_MAX = 48
 PER_ROW = 12
 MAP_KEYS = {"cls": "map_cls", "exemplar": "map_exemplar"}
+SELECTION_GEN = "emb_selection_gen"  # bumped by "Clear selection": the maps get fresh widget keys
+
+
+def _map_keys(gen: int) -> dict[str, str]:
+    """The two maps' widget keys for selection generation `gen` (0: the plain MAP_KEYS)."""
+    return MAP_KEYS if gen == 0 else {w: f"{k}_{gen}" for w, k in MAP_KEYS.items()}
+
 
 run = require_run()
 names = run.class_names
@@ -96,7 +103,8 @@ def _show_selection(maps: EmbeddingMaps, ids: list[int]) -> None:
     deleted = set(maps.ids[maps.deleted].tolist())
     in_bank = [i for i in ids if i not in deleted]
     st.subheader(f"Selected: {len(ids)} sample(s)")
-    st.caption(f"{len(in_bank)} still in the memory bank, {len(ids) - len(in_bank)} deleted earlier."
+    st.caption(f"{len(in_bank)} still in the memory bank, {len(ids) - len(in_bank)} deleted earlier. Selections on "
+               "the two maps add up; Clear selection starts again."
                + (f" Showing the first {THUMBS_MAX}." if len(ids) > THUMBS_MAX else ""))
     shown = ids[:THUMBS_MAX]
     def struck_if_deleted(i: int, name: str) -> str:
@@ -108,6 +116,13 @@ def _show_selection(maps: EmbeddingMaps, ids: list[int]) -> None:
     row = st.container(horizontal=True)
     row.download_button(f"Export {len(ids)} ids (CSV)", ids_csv(ids), file_name="selected_ids.csv",
                         mime="text/csv", key="emb_download", icon=":material/download:")
+    if row.button("Clear selection", key="emb_clear", icon=":material/deselect:",
+                  help="Forget the lasso and box selections on both maps."):
+        gen = int(st.session_state.get(SELECTION_GEN, 0))
+        for key in _map_keys(gen).values():
+            st.session_state.pop(key, None)
+        st.session_state[SELECTION_GEN] = gen + 1  # new chart keys: the browser drops its drawn selection too
+        st.rerun()
     if row.button(f"Request deletion of the {len(in_bank)} still in the bank", key="emb_to_deletions",
                   disabled=not in_bank, icon=":material/delete:", help="Opens Deletion requests with these ids "
                   "filled in; nothing is deleted until an operator confirms there."):
@@ -167,13 +182,14 @@ if st.sidebar.button("Fit the maps again", key="emb_refit", icon=":material/refr
     st.rerun()
 left, right = st.columns(2)
 events = {}
+map_keys = _map_keys(int(st.session_state.get(SELECTION_GEN, 0)))
 with left:
     events["cls"] = st.plotly_chart(_figure(maps, "cls", "[CLS] representations (crosses: deleted)"),
-                                    key=MAP_KEYS["cls"], on_select="rerun", selection_mode=("lasso", "box"))
+                                    key=map_keys["cls"], on_select="rerun", selection_mode=("lasso", "box"))
 with right:
     events["exemplar"] = st.plotly_chart(
         _figure(maps, "exemplar", f"Exemplar vectors in the bank ({int((~maps.deleted).sum())})"),
-        key=MAP_KEYS["exemplar"], on_select="rerun", selection_mode=("lasso", "box"))
+        key=map_keys["exemplar"], on_select="rerun", selection_mode=("lasso", "box"))
 
 with user_errors():
     selected = _selection(maps, events)

@@ -104,3 +104,14 @@ def test_embeddings_page_without_deletions(tiny_run: Path, monkeypatch: pytest.M
     cls_fig, ex_fig = _figures(at)
     assert not any(t["marker"].get("symbol", "").startswith("x") for f in (cls_fig, ex_fig) for t in f["data"])
     assert not at.subheader  # nothing selected yet
+    # a selection can be cleared: the button drops it and the page asks for a new one
+    t0 = cls_fig["data"][0]
+    points = [{"curve_number": 0, "point_index": j, "point_number": j, "customdata": t0["customdata"][j]}
+              for j in (0, 1)]
+    at.session_state["map_cls"] = {"selection": {"points": points, "point_indices": [0, 1], "box": [], "lasso": []}}
+    at.run()
+    assert at.subheader[0].value == "Selected: 2 sample(s)"
+    at.button(key="emb_clear").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.subheader and any("Draw a lasso" in i.value for i in at.info)
+    assert len(at.get("plotly_chart")) == 2  # both maps are still drawn
