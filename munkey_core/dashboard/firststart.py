@@ -46,6 +46,7 @@ class TrainingJob(BackgroundJob):
     reruns. Creating and starting one imports no model code: the thread does, off the page."""
 
     what = "Training"
+    ETA_WINDOW = 10  # epochs the time left is measured over
 
     def __init__(self, out: str | Path, *, dataset: str = "digits", profile: str = "cpu", device: str = "auto",
                  overrides: dict | None = None, trainer: Callable[..., object] | None = None,
@@ -75,10 +76,11 @@ class TrainingJob(BackgroundJob):
 
     @property
     def seconds_left(self) -> float | None:
-        """Estimated seconds until the last epoch ends: the epochs left at the mean time of the epochs
-        since the first (the first one also loads the data and computes the keys, so it is not used).
-        None until two epochs have ended. Writing and opening the run afterwards takes about a second."""
-        ends = self.epoch_ends
+        """Estimated seconds until the last epoch ends: the epochs left at the mean time of the last
+        (up to) `ETA_WINDOW` epochs, never the first (it also loads the data and computes the keys), so
+        the estimate follows a machine whose load changes. None until two epochs have ended. Writing
+        and opening the run afterwards takes about a second."""
+        ends = self.epoch_ends[-(self.ETA_WINDOW + 1):]
         if self.state != "running" or len(ends) < 2:
             return None
         per_epoch = (ends[-1] - ends[0]) / (len(ends) - 1)

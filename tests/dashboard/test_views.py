@@ -142,6 +142,11 @@ def test_training_job_estimates_the_time_left_from_its_epochs(tmp_path: Path) ->
     assert job.seconds_left == 0.0
     job.epoch = 10
     assert "writing the run" in job.status_line()
+    # the last 10 epochs only: 20 slow epochs (30 s) then 10 fast ones (10 s) -> 10 s per epoch
+    job.epoch = 31  # of 41: 10 epochs left
+    job.epoch_ends = [now - 700 + 30 * i for i in range(21)] + [now - 100 + 10 * i for i in range(1, 11)]
+    job.epochs = 41
+    assert job.seconds_left == pytest.approx(10 * 10, abs=1)
 
 
 def test_training_job_trains_with_its_own_thread_count(tmp_path: Path) -> None:
