@@ -42,3 +42,24 @@ def test_deletion_preview_filters_by_class_and_id_and_counts(tiny_run_template: 
     assert at.error and "Id filter" in at.error[0].value and len(_thumbs(at)) == 20
     page = "\n".join(str(c.value) for c in at.caption)
     assert "None" not in page and "nan" not in page
+
+
+def test_evidence_similar_cases_filter_by_class(tiny_run_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _page(_app(monkeypatch, tiny_run_template), "evidence")
+    at.radio(key="source").set_value("Test sample").run()
+    at.slider(key="k").set_value(8).run()
+    assert not at.exception, [e.value for e in at.exception]
+
+    def gallery() -> list[str]:  # the label of each similar case drawn ("**3** · 40% of the answer ...")
+        return [c.value.split("**")[1] for c in at.caption if c.value.startswith("**") and "of the answer" in c.value]
+
+    before = gallery()
+    assert len(before) == 8 and any(c.value == "Showing 8 of 8." for c in at.caption)
+    key = next(m.key for m in at.multiselect if m.key.startswith("cases_filter_"))
+    first = before[0]
+    at.multiselect(key=key).set_value([int(first)]).run()
+    assert not at.exception
+    after = gallery()
+    assert after == [lab for lab in before if lab == first]
+    if len(after) < 8:
+        assert any(c.value == f"Showing {len(after)} of {len(after)} matching the filter (8 in all)." for c in at.caption)
