@@ -201,8 +201,16 @@ st.caption(f"Per-round accuracies on {len(job.probe)} test images; the figures a
            f"Pseudo-label of the images: {req.pseudo_label} ({job.editor.class_names[req.pseudo_label]}).")
 table = pd.DataFrame([{"method": r["method"], "Af %": r["Af"], "Ar %": r["Ar"], "Delta": r["Delta"],
                        "seconds": r["seconds"], "Af* %": r["Af_oracle"], "Ar* %": r["Ar_oracle"]} for r in job.rows])
+unmeasured = [c for c in table.columns if c != "method" and table[c].isna().all()]
+table = table.drop(columns=unmeasured)
+for c in table.columns:  # a value missing in some rows reads "—", never None or nan
+    if c != "method" and table[c].isna().any():
+        table[c] = [("—" if pd.isna(v) else f"{v:.2f}") for v in table[c]]
 st.dataframe(table, hide_index=True, column_config={c: st.column_config.NumberColumn(format="%.2f")
-                                                    for c in table.columns if c != "method"})
+                                                    for c in table.columns if c != "method" and table[c].dtype != object})
+if unmeasured:
+    st.caption(f"Not shown, because nothing measured them: {', '.join(unmeasured)} (they need a class oracle, "
+               "a model of the same recipe trained without the class).")
 per_class = pd.DataFrame({"class": job.editor.class_names, "before": req.before.per_class, "after": req.after.per_class})
 st.bar_chart(per_class.set_index("class"), stack=False, height=260)
 

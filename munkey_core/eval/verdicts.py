@@ -103,7 +103,9 @@ def verdict(metric: str, value: float | None, target: float | None, *, n: int | 
     else:
         out["verdict"] = FORGOTTEN
         out["reason"] = (f"{what}: at or below the target, as if never trained on."
-                         if hi >= t else f"{what}: below the target (forgotten, more than a retrained model would).")
+                         if hi >= t else f"{what}: below the target: not recognised better than unseen samples (these may "
+                         "simply be harder than average; only a retrained model shows whether more was forgotten "
+                         "than needed).")
     return out
 
 

@@ -58,6 +58,9 @@ def test_munkey_run_keys_and_unact_with_keep(tiny_run: Path, monkeypatch: pytest
     metrics = {m.label: m.value for m in at.metric}
     assert "Af (forgotten class)" in metrics and metrics["Delta vs the class oracle"] == "no oracle"
     assert len(at.get("plotly_chart")) >= 1
+    shown = at.dataframe[0].value  # the comparison table: no None/nan cell; unmeasured oracle columns left out, said
+    assert not shown.isna().any().any() and "Af* %" not in shown.columns and "Delta" not in shown.columns
+    assert any("need a class oracle" in c.value for c in at.caption)
     before = load_bank(tiny_run).fingerprint()
     keep = at.button(key="class_keep")
     assert keep.disabled  # no credential yet
