@@ -15,9 +15,8 @@ from munkey_core.dashboard.firststart import TrainingJob
 from munkey_core.data.images import display_image
 from munkey_core.errors import MunkeyError
 
-if TYPE_CHECKING:
-    from munkey_core.service import MunkeyRun  # the model code (torch: ~10 s of imports on a busy 2-core machine) loads where a run is
-    from munkey_core.dashboard.views import EvaluationJob  # opened, so a first start's Overview draws without it
+if TYPE_CHECKING:  # the model code (torch: ~10 s of imports on a busy 2-core machine) loads where a run is
+    from munkey_core.service import MunkeyRun  # opened, so a first start's Overview draws without it
 
 ROOT = Path(__file__).resolve().parents[1]
 if "MUNKEY_UMASK" not in os.environ:  # runs, logs and receipts the dashboard writes: owner-only
@@ -38,18 +37,6 @@ def _open_run(path: str, config_stamp: int) -> MunkeyRun:
     from munkey_core.service import MunkeyRun
 
     return MunkeyRun(path)
-
-
-@st.cache_resource(max_entries=2, show_spinner=False)
-def _prediction_warm_up(path: str, config_stamp: int) -> "EvaluationJob":
-    # Once per opened run and process: evaluate off the script thread, so the run's prediction cache
-    # (run/predcache.py) holds every row an evaluated deletion measures, and the first deletion
-    # recomputes only the rows it changes instead of the whole evaluation.
-    from munkey_core.dashboard.views import EvaluationJob
-
-    job = EvaluationJob(_open_run(path, config_stamp))
-    job.start()
-    return job
 
 
 @st.cache_resource(show_spinner=False)
@@ -77,9 +64,7 @@ def get_run() -> MunkeyRun | None:
     if not has_run(path):
         return None
     try:
-        stamp = (path / "config.json").stat().st_mtime_ns
-        run = _open_run(str(path), stamp)
-        st.session_state["prediction_warm_up"] = _prediction_warm_up(str(path), stamp)
+        run = _open_run(str(path), (path / "config.json").stat().st_mtime_ns)
         # a deletion made elsewhere (CLI, another session) rewrote the bank: re-read it (milliseconds, no
         # greyed page); skipped while this process holds the run (its own deletion keeps it current)
         if run.lock.acquire(blocking=False):

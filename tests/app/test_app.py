@@ -267,18 +267,3 @@ def test_selection_from_embeddings_prefills_the_deletion_form(tiny_run_template:
     _page(at, "deletions")
     assert at.text_area(key="ids_text").value == ", ".join(map(str, ids))
     assert "deletion_ids_prefill" not in at.session_state
-
-
-def test_opening_a_run_warms_its_predictions_for_the_first_deletion(tiny_run: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The dashboard evaluates an opened run off the script thread, so the first evaluated deletion finds
-    every row it measures already predicted (only the rows it changes are recomputed); nothing is written."""
-    at = _app(monkeypatch, tiny_run)
-    job = at.session_state["prediction_warm_up"]
-    assert job.wait(300) == "done", job.error
-    run = job.run
-    n_test, k = len(run.dataset.test.labels), run.train_cfg.k
-    assert run.predictions.valid_rows(("test", "both", k)) == min(n_test, 2000) > 0
-    assert not (tiny_run / "metrics.json").exists()
-    at.run()
-    assert at.session_state["prediction_warm_up"] is job  # once per opened run, not once per rerun
