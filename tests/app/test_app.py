@@ -52,6 +52,16 @@ def _texts(at: AppTest) -> str:
     return "\n".join(str(p) for p in parts)
 
 
+def _wait_for_the_trained_overview(at: AppTest, run: Path, timeout: float = 120) -> None:
+    """Rerun the page until background training has written `run` and the Overview shows its model card."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and at.title[0].value != "MUNKEY model":
+        time.sleep(1.0)
+        at.run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.title[0].value == "MUNKEY model" and (run / "config.json").exists()
+
+
 def test_every_page_renders(tiny_run_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(monkeypatch, tiny_run_template)
     assert at.title[0].value == "MUNKEY model"
@@ -213,12 +223,7 @@ def test_missing_run_trains_the_demo_run(tmp_path: Path, tiny_run_template: Path
     assert at.title[0].value == "Training the demo model (first start)"
     assert "This page needs the trained model" in _texts(at) and at.get("progress")
     _page(at, "overview")
-    deadline = time.time() + 120
-    while time.time() < deadline and at.title[0].value != "MUNKEY model":
-        time.sleep(1.0)
-        at.run()
-        assert not at.exception and not at.error, [e.value for e in at.error]
-    assert at.title[0].value == "MUNKEY model" and (run / "config.json").exists()
+    _wait_for_the_trained_overview(at, run)
     assert "**profile** `tiny`" in _texts(at)
     bank = load_bank(run)
     assert sorted(bank.ids.tolist()) == sorted(digits.train.ids.tolist())  # the ids browsed are the run's ids
@@ -245,12 +250,7 @@ def test_first_start_with_a_credential_shows_the_data_and_waits_for_the_operator
     at.text_input(key="train_credential").input(TOKEN).run()
     at.button(key="train_start").click().run()
     assert at.title[0].value == "Training the demo model (first start)"
-    deadline = time.time() + 120
-    while time.time() < deadline and at.title[0].value != "MUNKEY model":
-        time.sleep(1.0)
-        at.run()
-        assert not at.exception and not at.error, [e.value for e in at.error]
-    assert at.title[0].value == "MUNKEY model" and (run / "config.json").exists()
+    _wait_for_the_trained_overview(at, run)
 
 
 def test_damaged_run_shows_an_error_not_a_traceback(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
