@@ -47,6 +47,7 @@ from munkey_core.eval.metrics import MIA_CHEAP
 from munkey_core.run.loaded import DeletionTarget, LoadedMunkeyRun
 from munkey_core.run.paths import RunPaths, is_run, read_forgotten
 from munkey_core.run.mapcache import purge_ids as purge_cached_maps
+from munkey_core.run.tags import purge_ids as purge_tags
 from munkey_core.run.lock import DELETION_LOCK_NAME, RunLock, crash_point, deletion_in_progress, pause_point
 from munkey_core.run.rows import purge_checkpoint_rows
 from munkey_core.atomic import atomic_write_json, fsync_dir, read_json
@@ -331,6 +332,7 @@ def apply_journal(run: DeletionTarget, journal: dict) -> None:
         run.apply_deletion(present)
     crash_point("bank")
     purge_cached_maps(run.paths.root, [int(i) for i in journal.get("requested", todo)])  # derived data: run/mapcache.py
+    purge_tags(run.paths.root, [int(i) for i in journal.get("requested", todo)])  # data about the samples: run/tags.py
 
 
 def finish(run: LoadedMunkeyRun, log: AuditLog, journal: dict, *, keys=None, recovered: bool = False,

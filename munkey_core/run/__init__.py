@@ -4,8 +4,10 @@
 - rows.py: the bank's and the checkpoints' row files, purge in place, format-1 migration.
 - lock.py: the inter-process run lock and the crash-point test hook.
 - mapcache.py: the Embeddings maps cached in the run (embeddings/): derived data a deletion purges.
+- tags.py: sample tags and saved grid views in the run (tags.json): data about samples a deletion purges.
 - predcache.py: predictions of dataset rows kept per bank state; a deletion drops only those it can change.
 - loaded.py: the run interface every layer above works with (`LoadedRun`, `LoadedMunkeyRun`,
   `ClassifierRun`, `DeletionTarget`, `load_run`).
-Tests: tests/run/test_runstore.py, tests/run/test_atomicity.py, tests/test_service.py, tests/eval/test_incremental.py.
+Tests: tests/run/test_runstore.py, tests/run/test_atomicity.py, tests/test_service.py, tests/eval/test_incremental.py,
+tests/run/test_tags.py.
 """

@@ -16,6 +16,7 @@
     receipts/         <request id>.json and .html per request
     embeddings/       maps-<key>.npz: the Embeddings page's UMAP fit (derived data; only samples still in
                       the bank: a deletion removes its ids' rows, run/mapcache.py)
+    tags.json         sample tags and saved grid views (run/tags.py; a deletion removes its ids from it)
     .lock             the inter-process lock file (flock; run/lock.py)
     .deletion.lock    held by a deletion request from start to end (requests queue on it)
 
