@@ -13,6 +13,7 @@ st.set_page_config(page_title="MUNKEY: unlearning by design", page_icon=":materi
 PAGES = [
     st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
     st.Page("pages/evidence.py", title="Case evidence", icon=":material/image_search:"),
+    st.Page("pages/samples.py", title="Samples", icon=":material/photo_library:"),
     st.Page("pages/deletions.py", title="Deletion requests", icon=":material/delete:"),
     st.Page("pages/class_unlearning.py", title="Class unlearning", icon=":material/layers_clear:"),
     st.Page("pages/audit.py", title="Audit log", icon=":material/fact_check:"),

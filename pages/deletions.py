@@ -22,7 +22,8 @@ from munkey_core.dashboard.views import (DeletionJob, classify_ids, credential_g
                                          metrics_table, similar_training_samples, training_images, unknown_ids_message)
 from munkey_core.eval.verdicts import FORGOTTEN, NOT_YET
 from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, copy_index_for, decoded_uploads, fmt,
-                           grid_filter, require_run, thumbnail_grid, user_errors)
+                           require_run, thumbnail_grid, user_errors)
+from pages._grids import sample_filter
 
 PREVIEW_MAX = 24
 PER_ROW = 8
@@ -163,8 +164,7 @@ else:
         if similar_rows:
             st.caption("Candidates: an exact or near-duplicate copy of an uploaded image first, then the most similar "
                        "training samples by key (cosine). Untick the ones the request does not name.")
-            view = grid_filter("cand_filter", [r["id"] for r in similar_rows], [r["label"] for r in similar_rows],
-                               names)
+            view = sample_filter(run, "cand_filter", [r["id"] for r in similar_rows], [r["label"] for r in similar_rows])
             shown_rows = [similar_rows[int(j)] for j in view.rows]
             pics = training_images(run, [r["id"] for r in shown_rows])
             for start in range(0, len(shown_rows), PER_ROW):
@@ -209,7 +209,7 @@ if ids:
         with user_errors():
             st.caption(f"The filters below change only what is shown: all {len(in_bank)} sample(s) in the memory "
                        "bank stay in the request.")
-            view = grid_filter("preview_filter", in_bank, run.dataset.lookup(in_bank).labels, names, limit=PREVIEW_MAX)
+            view = sample_filter(run, "preview_filter", in_bank, run.dataset.lookup(in_bank).labels, limit=PREVIEW_MAX)
             preview = [in_bank[int(j)] for j in view.rows]
             if preview:
                 thumbnail_grid(run, preview, size=64, per_row=PER_ROW, caption=lambda i, name: f"id {i} · {name}")

@@ -10,8 +10,9 @@ import streamlit as st
 from munkey_core.model.predict import MODES
 from munkey_core.dashboard.views import display_image, evidence_rows, predict_test_sample, training_images
 from munkey_core.dashboard.trust import assess_evidence, find_copies
-from pages._common import (IMAGE_TYPES, copy_index_for, decoded_uploads, grid_filter, require_run,
-                           similarity_calibration_for, user_errors)
+from pages._common import (IMAGE_TYPES, copy_index_for, decoded_uploads, require_run, similarity_calibration_for,
+                           user_errors)
+from pages._grids import sample_filter
 
 MODE_LABELS = {"ensemble": "Ensemble (default: K forwards, weighted)",
                "softmax_fusion": "Softmax fusion (one forward, weighted mean exemplar)",
@@ -80,7 +81,7 @@ def show_prediction(title: str, image, preds, i: int, true_label: int | None = N
         st.markdown(f"**{info['summary']}.**")
         st.caption(info["confidence_note"])
     st.markdown("**Similar training cases**, most similar first")
-    view = grid_filter(f"cases_filter_{title}", [r["id"] for r in rows], [r["label"] for r in rows], names)
+    view = sample_filter(run, f"cases_filter_{title}", [r["id"] for r in rows], [r["label"] for r in rows])
     shown = [rows[int(j)] for j in view.rows]  # the expert view below keeps every retrieved case
     imgs = training_images(run, [r["id"] for r in shown])
     for start in range(0, len(shown), PER_ROW):

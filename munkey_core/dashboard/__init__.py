@@ -7,6 +7,6 @@
 - embeddings.py: the two UMAP maps of what a run remembers.
 - classforget_job.py: class unlearning as a background job.
 - jobs.py: a background job a UI polls.
-- gridfilter.py: class and id filters on the image grids, with the count shown.
+- gridfilter.py: filters on the image grids (class, id, tag, wrong, low confidence), with the counts shown.
 Tests: tests/dashboard/test_views.py, tests/dashboard/test_embeddings.py, tests/dashboard/test_gridfilter.py, tests/test_app*.py.
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from munkey_core.run.rows import load_bank
@@ -63,3 +64,99 @@ def test_evidence_similar_cases_filter_by_class(tiny_run_template: Path, monkeyp
     assert after == [lab for lab in before if lab == first]
     if len(after) < 8:
         assert any(c.value == f"Showing {len(after)} of {len(after)} matching the filter (8 in all)." for c in at.caption)
+
+
+def _reference_predictions(run_dir: Path, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted, confidence) of training samples, from the model's own predict (no cache, no page code)."""
+    from munkey_core.model.predict import predict
+    from munkey_core.service import MunkeyRun
+
+    run = MunkeyRun(run_dir, device="cpu")
+    train = run.dataset.train
+    rows = np.array([int(np.flatnonzero(train.ids == i)[0]) for i in ids])
+    p = predict(run.model, run.bank, run.to_input(train.images[rows]), run.split_keys("train")[rows],
+                k=run.train_cfg.k, tau=run.train_cfg.tau, neighbour_predictions=False)
+    return p.labels, p.confidence
+
+
+def _shown_ids(at) -> list[int]:
+    return [int(t.split()[1]) for t in _thumbs(at)]
+
+
+def test_samples_page_filters_wrong_and_low_confidence_tags_and_saved_views(tiny_run: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from munkey_core.run.tags import read_tags
+
+    bank = load_bank(tiny_run)
+    order = np.argsort(bank.ids)
+    ids, labels = bank.ids[order].tolist(), bank.labels[order].tolist()
+    predicted, confidence = _reference_predictions(tiny_run, ids)
+    at = _page(_app(monkeypatch, tiny_run), "samples")
+    at.number_input(key="browse_show").set_value(600).run()
+    assert any(c.value == f"Showing {len(ids)} of {len(ids)}." for c in at.caption)
+    wrong = [i for i, p, lab in zip(ids, predicted, labels) if p != lab]
+    assert any(c.value.startswith(f"Of all {len(ids)}: {len(wrong)} predicted wrongly") for c in at.caption)
+
+    at.checkbox(key="browse_wrong").check().run()
+    assert not at.exception
+    assert _shown_ids(at) == wrong
+    at.checkbox(key="browse_wrong").uncheck().run()
+
+    at.checkbox(key="browse_low").check().run()
+    threshold = round(float(np.quantile(confidence, 0.2)), 2)  # the tiny run is unsure of everything: its own scale
+    at.number_input(key="browse_thr").set_value(threshold).run()
+    low = [i for i, c in zip(ids, confidence) if c < threshold]
+    assert 0 < len(low) < len(ids)
+    assert _shown_ids(at) == low
+    assert any(c.value == f"Showing {len(low)} of {len(low)} matching the filter ({len(ids)} in all)." for c in at.caption)
+
+    # tag every matching sample "review", then save these filters as a view
+    at.text_input(key="browse_tagname").input("review").run()
+    at.button(key="browse_addtag").click().run()
+    assert not at.exception and any(f"Tagged {len(low)} sample(s) 'review'" in s.value for s in at.success)
+    assert read_tags(tiny_run).tags == {"review": low}
+    at.text_input(key="browse_viewname").input("unsure").run()
+    at.button(key="browse_saveview").click().run()
+    assert read_tags(tiny_run).views["unsure"]["low_confidence"] == pytest.approx(threshold)
+
+    # clear the filters, filter by the tag: the same samples
+    at.checkbox(key="browse_low").uncheck().run()
+    assert any(c.value == f"Showing {len(ids)} of {len(ids)}." for c in at.caption)
+    at.multiselect(key="browse_tags").set_value(["review"]).run()
+    assert _shown_ids(at) == low
+    assert any(f"{len(low)} tagged 'review'" in c.value for c in at.caption)
+    at.multiselect(key="browse_tags").set_value([]).run()
+
+    # the saved view brings the filters back
+    at.selectbox(key="browse_view").set_value("unsure").run()
+    at.button(key="browse_apply").click().run()
+    assert at.checkbox(key="browse_low").value and _shown_ids(at) == low
+    page = "\n".join(str(c.value) for c in at.caption)
+    assert "None" not in page and "nan" not in page
+
+
+def test_a_damaged_tags_file_is_explained_not_a_traceback(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tiny_run / "tags.json").write_bytes(b'{"format": 1, "tags": {"review": [1, 2')
+    at = _page(_app(monkeypatch, tiny_run), "samples")
+    assert not at.exception
+    assert any("tags file" in e.value and "is damaged" in e.value and "Move it away" in e.value for e in at.error)
+    assert _thumbs(at)  # the grid still works, without tags
+    at.text_input(key="browse_tagname").input("review").run()
+    at.button(key="browse_addtag").click().run()
+    assert not at.exception and any("is damaged" in e.value for e in at.error)
+    assert (tiny_run / "tags.json").read_bytes() == b'{"format": 1, "tags": {"review": [1, 2'  # not overwritten
+
+
+def test_deletion_preview_filters_wrong_and_low_confidence(tiny_run_template: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    bank = load_bank(tiny_run_template)
+    ids = bank.ids[:20].tolist()
+    _, confidence = _reference_predictions(tiny_run_template, ids)
+    at = _page(_app(monkeypatch, tiny_run_template), "deletions")
+    at.text_area(key="ids_text").input(", ".join(map(str, ids))).run()
+    at.checkbox(key="preview_filter_low").check().run()
+    threshold = float(np.sort(confidence)[10])  # about half of them below
+    at.number_input(key="preview_filter_thr").set_value(threshold).run()
+    expect = sorted(i for i, c in zip(ids, confidence) if c < round(threshold, 2))
+    assert sorted(_shown_ids(at)) == expect
+    assert {m.label: m.value for m in at.metric}["In the memory bank"] == "20"  # the request is unchanged
