@@ -79,7 +79,7 @@ class TrainingJob(BackgroundJob):
         """Estimated seconds until the last epoch ends: the epochs left at the mean time of the last
         (up to) `ETA_WINDOW` epochs, never the first (it also loads the data and computes the keys), so
         the estimate follows a machine whose load changes. None until two epochs have ended. Writing
-        and opening the run afterwards takes about a second."""
+        and opening the run afterwards, and its one evaluation (run/predstore.py), take seconds."""
         ends = self.epoch_ends[-(self.ETA_WINDOW + 1):]
         if self.state != "running" or len(ends) < 2:
             return None
@@ -94,7 +94,7 @@ class TrainingJob(BackgroundJob):
             return "The demo model is not training" + (f": {self.error}" if self.error else ".")
         left = self.seconds_left
         secs = None if left is None else int(round(left))
-        eta = ("writing the run" if self.epoch >= self.epochs else
+        eta = ("writing the run and evaluating it once" if self.epoch >= self.epochs else
                "time left known after the second epoch" if secs is None else
                f"about {secs // 60} min {secs % 60:02d} s left")
         return (f"The demo model is training: {100 * self.fraction:.0f}% ({self.stage}) · {eta} "

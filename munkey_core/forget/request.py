@@ -48,6 +48,7 @@ from munkey_core.run.loaded import DeletionTarget, LoadedMunkeyRun
 from munkey_core.run.paths import RunPaths, is_run, read_forgotten
 from munkey_core.run.mapcache import purge_ids as purge_cached_maps
 from munkey_core.run.tags import purge_ids as purge_tags
+from munkey_core.run.predstore import purge_ids as purge_stored_predictions
 from munkey_core.run.lock import DELETION_LOCK_NAME, RunLock, crash_point, deletion_in_progress, pause_point
 from munkey_core.run.rows import purge_checkpoint_rows
 from munkey_core.atomic import atomic_write_json, fsync_dir, read_json
@@ -321,6 +322,8 @@ def apply_journal(run: DeletionTarget, journal: dict) -> None:
                                                      "request_id": journal["request_id"]}]}
         run.write_forgotten(fg)
     crash_point("forgotten")
+    # derived data, before the bank file changes (run/predstore.py: it stamps what it keeps with the bank after)
+    purge_stored_predictions(run.paths.root, [int(i) for i in journal.get("requested", todo)])
     # every id the request names: a checkpoint row restored after an earlier deletion goes too. The bank
     # file joins the checkpoints' row files in one group commit (run/rows.py); apply_deletion then
     # finds it done and updates the bank in memory

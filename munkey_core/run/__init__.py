@@ -6,8 +6,10 @@
 - mapcache.py: the Embeddings maps cached in the run (embeddings/): derived data a deletion purges.
 - tags.py: sample tags and saved grid views in the run (tags.json): data about samples a deletion purges.
 - predcache.py: predictions of dataset rows kept per bank state; a deletion drops only those it can change.
+- predstore.py: those predictions kept in the run (predictions/), so a fresh process starts warm;
+  derived data a deletion purges.
 - loaded.py: the run interface every layer above works with (`LoadedRun`, `LoadedMunkeyRun`,
   `ClassifierRun`, `DeletionTarget`, `load_run`).
 Tests: tests/run/test_runstore.py, tests/run/test_atomicity.py, tests/test_service.py, tests/eval/test_incremental.py,
-tests/run/test_tags.py.
+tests/run/test_tags.py, tests/run/test_predstore.py.
 """

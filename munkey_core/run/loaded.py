@@ -28,6 +28,7 @@ tests/unlearn/test_classforget.py (both kinds).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -51,6 +52,7 @@ from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
 from munkey_core.model.predict import Predictions, predict
 from munkey_core.run import rows
 from munkey_core.run.lock import RunLock
+from munkey_core.run import predstore
 from munkey_core.run.predcache import PredictionCache
 from munkey_core.run.paths import RunPaths, load_state_dict, open_run, read_config, read_forgotten, read_list
 
@@ -190,6 +192,8 @@ class LoadedMunkeyRun(LoadedRun):
         self.search_cfg = search
         self.searcher: BankSearch | None = None
         self.predictions = PredictionCache()  # dataset-row predictions of the current bank (run/predcache.py)
+        self._tried_store: set[tuple[tuple, str]] = set()  # (bank state, table) looked up in the run's store
+        self._sorted_ids: tuple[tuple | None, np.ndarray] = (None, np.zeros(0, np.int64))
         self._bank_generation = 0  # +1 on every change of the bank in memory
         if rows.needs_migration(self.paths.root):  # a format-1 run: bank.npz -> bank.store, once
             with self.runlock.hold(exclusive=True):
@@ -321,7 +325,8 @@ class LoadedMunkeyRun(LoadedRun):
 
     def predict_rows(self, split: str, index: np.ndarray, *, pathway: str = "both") -> np.ndarray:
         """Ensemble class probabilities (n, C) of rows `index` of a dataset split with the current bank
-        and the run's K. Cached per bank state (run/predcache.py): only rows never predicted, or whose
+        and the run's K. Cached per bank state (run/predcache.py) and kept in the run (run/predstore.py),
+        so a fresh process starts from the last one's predictions: only rows never predicted, or whose
         neighbours a deletion removed since, are run through the model; the rest are reused."""
         index = np.asarray(index, dtype=np.int64)
         s = self.dataset.split(split)
@@ -330,6 +335,10 @@ class LoadedMunkeyRun(LoadedRun):
         with self.lock:
             table = self.predictions.table((split, pathway, k), len(s), self.model_cfg.num_classes, k,
                                            self._cache_state())
+            desc = self._table_desc(split, pathway, k)
+            if not table.valid.any() and (self._cache_state(), desc) not in self._tried_store:
+                self._tried_store.add((self._cache_state(), desc))
+                predstore.load_table(self.paths.root, json.loads(desc), s.ids, self._bank_ids_sorted(), table)
             todo = table.missing(index)
             if len(todo):
                 p = predict(self.model, self.bank, self.to_input(s.images[todo]), keys[todo], k=k,
@@ -338,7 +347,32 @@ class LoadedMunkeyRun(LoadedRun):
                 found = np.full((len(todo), k), -1, dtype=np.int64)  # a bank smaller than K: fewer
                 found[:, :p.neighbour_ids.shape[1]] = p.neighbour_ids
                 table.put(todo, p.probs, found)
+                self._store_table(desc, s.ids, table)
             return table.probs[index].copy()
+
+    def _table_desc(self, split: str, pathway: str, k: int) -> str:
+        """What a stored prediction table depends on besides the bank (run/predstore.py), as canonical JSON."""
+        return json.dumps({"model": self.model_fingerprint, "split": split, "pathway": pathway, "k": int(k),
+                           "tau": float(self.train_cfg.tau), "search": self._search_mode()}, sort_keys=True)
+
+    def _bank_ids_sorted(self) -> np.ndarray:
+        """The loaded bank's ids, sorted (computed once per bank state, as the prediction cache sees it:
+        a bank edited in memory behind the run's back is another state)."""
+        state = self._cache_state()
+        if self._sorted_ids[0] != state:
+            self._sorted_ids = (state, np.sort(np.asarray(self.bank.ids, dtype=np.int64)))
+        return self._sorted_ids[1]
+
+    def _store_table(self, desc: str, split_ids: np.ndarray, table) -> None:
+        """Keep a prediction table in the run for the next process, if the run lock is free now (a cache:
+        never waits for a deletion) and the run is writable; a failure only costs the next process time."""
+        try:
+            with self.runlock.try_hold_shared() as held:
+                if held:
+                    predstore.save_table(self.paths.root, json.loads(desc), split_ids, self._bank_ids_sorted(),
+                                         table, self.forgotten_ids)
+        except (OSError, MunkeyError):
+            pass  # read-only run, full disk, damaged bank file: predictions are recomputed when needed
 
     @torch.no_grad()
     def predict_split(self, split: str, index: np.ndarray, model: torch.nn.Module | None = None,

@@ -102,6 +102,42 @@ class RunLock:
                 self._depth = 0
                 self._release()
 
+    @contextlib.contextmanager
+    def try_hold_shared(self) -> Iterator[bool]:
+        """Hold the lock shared for the block if that needs no waiting: yields True when held (also when this
+        thread already holds it), False when another thread or process holds it exclusively. For optional
+        work (writing a cache) that must neither wait for a deletion nor deadlock against one."""
+        if not self._guard.acquire(blocking=False):
+            yield False
+            return
+        try:
+            if self._depth:  # this thread holds it, shared or exclusive: strong enough
+                self._depth += 1
+                try:
+                    yield True
+                finally:
+                    self._depth -= 1
+                return
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError:
+                yield False
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                yield False
+                return
+            self._fd, self._mode, self._depth = fd, fcntl.LOCK_SH, 1
+            try:
+                yield True
+            finally:
+                self._depth = 0
+                self._release()
+        finally:
+            self._guard.release()
+
     def _acquire(self, mode: int) -> None:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -17,6 +17,8 @@
     embeddings/       maps-<key>.npz: the Embeddings page's UMAP fit (derived data; only samples still in
                       the bank: a deletion removes its ids' rows, run/mapcache.py)
     tags.json         sample tags and saved grid views (run/tags.py; a deletion removes its ids from it)
+    predictions/      preds-<key>.npz: dataset-row predictions of the current bank (derived data; a
+                      deletion removes its ids' rows and the rows that retrieved them, run/predstore.py)
     .lock             the inter-process lock file (flock; run/lock.py)
     .deletion.lock    held by a deletion request from start to end (requests queue on it)
 
