@@ -16,7 +16,9 @@ re-run resumes and an identical re-run trains nothing.
 `--inject-at L` (L > 0) measures the late-injection variant instead of the paper's design: the MUNKEY
 run and its M-oracles are built with the exemplar token joining at block L, cached in their own
 --work subfolder (<dataset>_<profile>_late<L>), never shared with paper-design models. `--methods ''`
-measures MUNKEY and its M-oracle only (no plain ViT, T-oracle or post-hoc rows).
+measures MUNKEY and its M-oracle only (no plain ViT, T-oracle or post-hoc rows). `--tune` adds, per
+post-hoc method, a row with the settings chosen on a validation forget split (unlearn/tuning.py), the
+settings printed under the table and in the CSV's settings column.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--floor-oracles", type=non_negative_int, default=1,
                    help="noise floor: oracles per family and cell retrained with other training seeds on the same "
                         "split and retain set (default 1; 0 = no noise floor)")
+    p.add_argument("--tune", action="store_true",
+                   help="also run each post-hoc method with settings tuned on a validation forget split (drawn from "
+                        "the retain set; its own T-oracle; lowest Avg Gap on the validation split, never the test "
+                        "split; grids in munkey_core/unlearn/tuning.py): rows '<method> (tuned)' with the chosen settings")
     p.add_argument("--select", action="store_true",
                    help="add a row for the checkpoint 'munkey select' picks (trains one more M-oracle per seed, "
                         "for the validation forget split)")

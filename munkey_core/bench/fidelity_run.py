@@ -21,13 +21,14 @@ from munkey_core.atomic import atomic_write_json, read_json
 from munkey_core.run.paths import RunPaths
 
 COLUMNS = ("rate", "seed", "method", "oracle", "TA", "RA", "FA", "MIA", "TPR@1%", "TPR@0.1%", "AvgGap", "seconds",
-           "MIA_attack", "epoch", "train_seed")
+           "MIA_attack", "epoch", "train_seed", "settings", "val_AvgGap")
 SELECTED = "MUNKEY (selected checkpoint)"
 FLOOR = {"M": "Noise floor: M-oracle retrained, other training seed", "T": "Noise floor: T-oracle retrained, other "
          "training seed"}
 MUNKEY_NONE = "MUNKEY, no unlearning (positive control)"
 VIT_NONE = "ViT, no unlearning (positive control)"
 TABLE = ("TA", "RA", "FA", "MIA", "TPR@1%", "TPR@0.1%", "AvgGap")
+TUNED = " (tuned)"  # suffix of a post-hoc row whose settings were chosen on a validation forget split
 CELL_VERSION = 2  # 2: noise-floor and positive-control rows, TPRs at low FPR, same-family references
 
 
@@ -85,6 +86,13 @@ def _seeds(count: int, listed: str | None) -> list[int]:
     if count < 1:
         raise MunkeyError("--seeds must be at least 1.")
     return list(range(count))
+
+
+def _grids_tag(methods: list[str]) -> dict:
+    """The tuning grids of `methods` (part of a cached cell's tag: another grid re-tunes)."""
+    from munkey_core.unlearn.tuning import GRIDS
+
+    return {m: GRIDS[m] for m in methods}
 
 
 def design_label(inject_at: int) -> str:
@@ -271,6 +279,21 @@ class FidelityBench:
         atomic_write_json(path, {"tag": tag, "rows": rows})
         return rows
 
+    def _tuning(self, rate: float, seed: int, vit, ds, ids: list[int]) -> dict:
+        """This cell's post-hoc tuning on a validation forget split (unlearn/tuning.py), cached in
+        seed_k/rate_<r>_tuning.json; trains the split's T-oracle when missing."""
+        from munkey_core.unlearn.tuning import tune_posthoc
+
+        a = self.args
+        path = self.work / f"seed_{seed}" / f"rate_{rate:g}_tuning.json"
+        tag = {"grids": _grids_tag(self.methods), "max_samples": a.max_samples, "forget": len(ids)}
+        if path.exists() and read_json(path).get("tag") == tag:
+            return read_json(path)["tuning"]
+        tuning = tune_posthoc(vit, ds, ids, self.methods, seed=seed, max_samples=a.max_samples, device=a.device,
+                              on_trained=self._count)
+        atomic_write_json(path, {"tag": tag, "tuning": tuning})
+        return tuning
+
     def _base_cell(self, rate: float, seed: int) -> list[dict]:
         """Rows of one (rate, seed): per family the oracle, its noise floor (oracles retrained with other
         training seeds, against the oracle), the undeleted model (positive control) and the unlearning
@@ -279,13 +302,16 @@ class FidelityBench:
         from munkey_core.run.loaded import ClassifierRun
         from munkey_core.service import MunkeyRun
         from munkey_core.data.sampling import random_ids
+        from munkey_core.unlearn.tuning import settings_text
         from munkey_core.unlearn.posthoc import run_posthoc
 
         a = self.args
         path = self.work / f"seed_{seed}" / f"rate_{rate:g}.json"
         n_floor = int(getattr(a, "floor_oracles", 1))
+        tune = bool(getattr(a, "tune", False)) and bool(self.methods)
         tag = {"methods": self.methods, "mia": a.mia, "mia_refs": a.mia_refs, "max_samples": a.max_samples,
-               "floor_oracles": n_floor, "rates": self.rates if a.mia == "strong" else None, "v": CELL_VERSION}
+               "floor_oracles": n_floor, "rates": self.rates if a.mia == "strong" else None, "v": CELL_VERSION,
+               **({"tune": _grids_tag(self.methods)} if tune else {})}
         if path.exists() and read_json(path).get("tag") == tag:
             return read_json(path)["rows"]
         mrun, vit = self._originals(seed)
@@ -342,7 +368,16 @@ class FidelityBench:
         forget, retain = (ds.train.images[f], ds.train.labels[f]), (ds.train.images[~f], ds.train.labels[~f])
         for method in self.methods:
             res = run_posthoc(method, vit.model, vit.to_input, forget, retain, num_classes=ds.num_classes, seed=seed)
-            add(method, "T", vit_measure(res.model, vit.cfg.img_size), t_star, res.seconds)
+            add(method, "T", vit_measure(res.model, vit.cfg.img_size), t_star, res.seconds,
+                settings=settings_text(res.details["settings"]))
+        if tune:
+            tuning = self._tuning(rate, seed, vit, ds, ids)
+            for method in self.methods:
+                chosen = tuning["methods"][method]
+                res = run_posthoc(method, vit.model, vit.to_input, forget, retain, num_classes=ds.num_classes,
+                                  seed=seed, settings=chosen["chosen"])
+                add(method + TUNED, "T", vit_measure(res.model, vit.cfg.img_size), t_star, res.seconds,
+                    settings=settings_text(chosen["chosen"]), val_AvgGap=chosen["AvgGap"])
         atomic_write_json(path, {"tag": tag, "rows": rows})
         return rows
 
@@ -386,10 +421,11 @@ class FidelityBench:
                     continue
                 for m in methods:
                     sel = [r["AvgGap"] for r in here if r["method"] == m and r["oracle"] == o]
-                    if (name and m.startswith(name)) or (name is None and m in self.methods):
+                    if (name and m.startswith(name)) or (name is None and m.removesuffix(TUNED) in self.methods):
                         gap, floor = float(np.mean(sel)), float(np.mean(floors[o]))
                         lines.append(f"\n{m}: Avg Gap {gap:.2f} against a noise floor of {floor:.2f} "
                                      f"({gap - floor:+.2f} vs the floor).")
+            lines += self._settings_lines(here)
             chosen = [f"seed {r['seed']}: epoch {r['epoch']}" for r in rows
                       if r["rate"] == rate and r["method"] == SELECTED]
             audited = [v for (r, _), v in self.audited.items() if r == rate]
@@ -404,6 +440,25 @@ class FidelityBench:
                           f"of {a.val_rate:g}): " + ", ".join(chosen) + "."]
             lines.append("")
         return "\n".join(lines)
+
+    def _settings_lines(self, here: list[dict]) -> list[str]:
+        """Under a rate's table: each post-hoc method's settings, fixed and tuned (per seed, with the
+        validation Avg Gap that chose them)."""
+        from munkey_core.unlearn.tuning import GRIDS
+
+        out = []
+        for m in self.methods:
+            fixed = list(dict.fromkeys(r.get("settings") for r in here if r["method"] == m and r.get("settings")))
+            tuned = [r for r in here if r["method"] == m + TUNED]
+            if not fixed and not tuned:
+                continue
+            line = f"- {m}: fixed settings {'; '.join(fixed) or '-'}"
+            if tuned:
+                line += (f"; tuned ({len(GRIDS[m])}-point grid, lowest Avg Gap on the validation forget split): "
+                         + "; ".join(f"seed {r['seed']}: {r['settings']} (validation Avg Gap {r['val_AvgGap']:.2f})"
+                                     for r in tuned))
+            out.append(line)
+        return (["", "Post-hoc settings:", *out] if out else [])
 
     def run(self) -> int:
         t0 = time.perf_counter()

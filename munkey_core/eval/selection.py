@@ -83,7 +83,7 @@ class Selection:
                 "MIA_attack": MIA_CHEAP, "scores": [asdict(s) for s in self.scores]}
 
 
-class _ValidationView:
+class ValidationView:
     """The run's dataset with its validation split in the role of "test" (selection never sees test)."""
 
     def __init__(self, ds) -> None:
@@ -151,7 +151,7 @@ def select_checkpoint(run: LoadedMunkeyRun, *, val_rate: float = 0.05, seed: int
     report("oracle", 0.0)
     path, trained = train_oracle(run.config, run.paths.root, excluded, "munkey", device=str(run.device),
                            progress=oracle_progress)
-    view = _ValidationView(run.dataset)
+    view = ValidationView(run.dataset)
     sets = eval_sets(view, val_ids, max_samples=max_samples, seed=seed, also_deleted=run.forgotten_ids)
 
     def split_keys(name: str) -> np.ndarray:

@@ -9,6 +9,8 @@ time (seconds of the method itself, evaluation excluded). Methods (the MUNKEY pa
 - `amnesiac` (Graves et al. 2021): the forget samples get random wrong labels and the model is
   fine-tuned for one epoch on them together with the retain set (AdamW lr 1e-4, batch 64).
 All need labels and backprop; NegGrad+, SCRUB and Amnesiac also need the retain data.
+`settings` overrides a method's hyperparameters (`DEFAULTS` lists them with the values used when
+none are given; unlearn/tuning.py picks them on a validation forget split).
 Tests: tests/unlearn/test_posthoc.py.
 """
 
@@ -27,6 +29,13 @@ from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.finetune import Labelled, ToInput, adamw, batch_of, batches
 
 METHODS = ("neggrad+", "scrub", "ssd", "amnesiac")
+# each method's tunable hyperparameters and their values when none are given
+DEFAULTS: dict[str, dict] = {
+    "neggrad+": {"epochs": 1, "lr": 1e-4, "beta": 0.95},
+    "scrub": {"epochs": 3, "max_epochs": 1, "lr": 2e-4},
+    "ssd": {"alpha": 5.0, "lam": 1.0},
+    "amnesiac": {"epochs": 1, "lr": 1e-4},
+}
 
 
 @dataclass
@@ -58,33 +67,44 @@ def amnesiac(model: nn.Module, to_input: ToInput, forget: Labelled, retain: Labe
     model.eval()
 
 
-def run_posthoc(method: str, model: nn.Module, to_input: ToInput, forget: Labelled, retain: Labelled, *,
-                num_classes: int, seed: int = 0) -> PosthocResult:
-    """Apply `method` to a copy of `model`; the original is left untouched."""
+def method_settings(method: str, settings: dict | None = None) -> dict:
+    """`method`'s hyperparameters: its DEFAULTS with `settings` on top (unknown names refused)."""
     if method not in METHODS:
         raise MunkeyError(f"Unknown post-hoc method '{method}'; choose one of: {', '.join(METHODS)}.")
+    bad = sorted(set(settings or {}) - set(DEFAULTS[method]))
+    if bad:
+        raise MunkeyError(f"{method} has no setting(s) {bad}; it takes {', '.join(DEFAULTS[method])}.")
+    return {**DEFAULTS[method], **(settings or {})}
+
+
+def run_posthoc(method: str, model: nn.Module, to_input: ToInput, forget: Labelled, retain: Labelled, *,
+                num_classes: int, seed: int = 0, settings: dict | None = None) -> PosthocResult:
+    """Apply `method` (with `settings` over its DEFAULTS) to a copy of `model`; the original is left
+    untouched. The result's details hold the settings used."""
+    cfg = method_settings(method, settings)
     if len(forget[1]) == 0:
         raise MunkeyError("The forget set is empty; there is nothing to unlearn.")
     work = copy.deepcopy(model).eval()
-    details: dict = {}
+    details: dict = {"settings": cfg}
     t0 = time.perf_counter()
     if method == "neggrad+":
         from munkey_core.unlearn.neggrad import NegGradConfig, neggrad_plus
 
-        neggrad_plus(work, to_input, forget, retain, NegGradConfig(seed=seed))
+        neggrad_plus(work, to_input, forget, retain, NegGradConfig(**cfg, seed=seed))
     elif method == "scrub":
         from munkey_core.unlearn.scrub import SCRUBConfig, scrub
 
-        scrub(work, to_input, forget, retain, SCRUBConfig(seed=seed))
+        scrub(work, to_input, forget, retain, SCRUBConfig(**cfg, seed=seed))
     elif method == "ssd":
         from munkey_core.unlearn.ssd import SSDConfig, dampen, importance
 
-        cfg = SSDConfig(method="ssd", alpha=5.0, lam=1.0)
+        ssd = SSDConfig(method="ssd", alpha=float(cfg["alpha"]), lam=float(cfg["lam"]))
         full = (np.concatenate([retain[0], forget[0]]), np.concatenate([retain[1], forget[1]]))
-        i_d = importance(work, to_input, full[0], full[1], "ssd", cfg.batch_size)
-        i_f = importance(work, to_input, forget[0], forget[1], "ssd", cfg.batch_size)
-        details["dampened"] = dampen(work, i_f, i_d, cfg.alpha, cfg.lam)
+        i_d = importance(work, to_input, full[0], full[1], "ssd", ssd.batch_size)
+        i_f = importance(work, to_input, forget[0], forget[1], "ssd", ssd.batch_size)
+        details["dampened"] = dampen(work, i_f, i_d, ssd.alpha, ssd.lam)
         work.zero_grad(set_to_none=True)
     else:
-        amnesiac(work, to_input, forget, retain, num_classes, seed=seed)
+        amnesiac(work, to_input, forget, retain, num_classes, epochs=int(cfg["epochs"]), lr=float(cfg["lr"]),
+                 seed=seed)
     return PosthocResult(method, work.eval(), time.perf_counter() - t0, details)

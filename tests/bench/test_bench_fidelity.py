@@ -13,6 +13,7 @@ from munkey_core.bench.fidelity_run import FLOOR, MUNKEY_NONE, VIT_NONE
 from munkey_core.cli import main
 from munkey_core.data import datasets as data_mod
 from munkey_core.eval.oracles import oracle_path
+from munkey_core.unlearn.tuning import settings_text
 from munkey_core.run.rows import bank_ids
 from munkey_core.service import MunkeyRun
 from munkey_core.data.sampling import random_ids
@@ -141,3 +142,25 @@ def test_bench_fidelity_rejects_bad_options(tmp_path: Path, capsys: pytest.Captu
     assert "--rates" in capsys.readouterr().err
     assert main(["bench", "fidelity", "--methods", "retrain", "--work", str(tmp_path)]) == 2
     assert "Unknown method" in capsys.readouterr().err
+
+
+def test_bench_fidelity_tune_prints_the_chosen_settings(cache_dir: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "tiny", "--seeds", "1", "--rates", "0.1",
+            "--epochs", "3", "--methods", "ssd", "--floor-oracles", "0", "--tune", "--work", str(tmp_path / "work"),
+            "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    assert "trained 5 model(s)" in capsys.readouterr().out  # MUNKEY, ViT, M- and T-oracle, the split's T-oracle
+    rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "out" / "fidelity_digits.csv"))}
+    tuning = json.loads((tmp_path / "work" / "digits_tiny" / "seed_0" / "rate_0.1_tuning.json").read_text())["tuning"]
+    grid = tuning["methods"]["ssd"]["grid"]
+    best = min(range(len(grid)), key=lambda i: sum(abs(grid[i][k] - tuning["oracle"][k]) for k in GAPS))
+    tuned, fixed = rows["ssd (tuned)"], rows["ssd"]
+    assert tuned["settings"] == settings_text(grid[best]["settings"]) and fixed["settings"] == "alpha=5 lam=1"
+    assert float(tuned["val_AvgGap"]) == pytest.approx(grid[best]["AvgGap"])
+    assert tuned["oracle"] == "T" and float(tuned["AvgGap"]) == pytest.approx(_gap(tuned, rows["Retrain (T-oracle)"]))
+    md = (tmp_path / "out" / "fidelity_digits.md").read_text()
+    assert "| ssd (tuned) | T |" in md
+    line = next(x for x in md.splitlines() if x.startswith("- ssd:"))
+    assert "fixed settings alpha=5 lam=1" in line and f"seed 0: {tuned['settings']} (validation Avg Gap" in line
+    assert main(argv) == 0 and "trained 0 model(s)" in capsys.readouterr().out  # resumes from the cache
