@@ -127,12 +127,13 @@ class FidelityBench:
 
     # ----- models ---------------------------------------------------------------------------
     def _overrides(self, seed: int) -> dict:
-        """The recipe of the plain ViT (and of the strong attack's reference ViTs)."""
-        return {"seed": seed, "epochs": self.args.epochs}
+        """The recipe of the plain ViT (its T-oracles and reference ViTs inherit it from its config):
+        MUNKEY's, with --vit-shift when given."""
+        return {"seed": seed, "epochs": self.args.epochs, "augment_shift": getattr(self.args, "vit_shift", None)}
 
     def _munkey_overrides(self, seed: int) -> dict:
-        """The MUNKEY recipe: the ViT's plus the design (its M-oracles inherit it from the run's config)."""
-        return {**self._overrides(seed), "inject_at": self.inject_at}
+        """The MUNKEY recipe: the design on the profile's (its M-oracles inherit it from the run's config)."""
+        return {"seed": seed, "epochs": self.args.epochs, "inject_at": self.inject_at}
 
     def _originals(self, seed: int):
         """(MUNKEY run, ViT classifier run or None when no post-hoc method is asked for) of this seed,
@@ -157,7 +158,12 @@ class FidelityBench:
             train_classifier_run(a.dataset, root / "vit", arch="vit", profile=a.profile, data_root=a.data_root,
                                  device=a.device, overrides=self._overrides(seed), progress=True)
             self.trained += 1
-        return mrun, ClassifierRun(root / "vit", device=a.device)
+        vit = ClassifierRun(root / "vit", device=a.device)
+        shift = getattr(a, "vit_shift", None)
+        if shift is not None and vit.config["train"]["augment_shift"] != shift:
+            raise MunkeyError(f"{root / 'vit'} was trained with augment_shift {vit.config['train']['augment_shift']}, "
+                              f"not --vit-shift {shift:g}; use another --work or delete that folder.")
+        return mrun, vit
 
     def _oracle(self, run_config: dict, run_root: Path, ids: list[int], kind: str,
                 train_seed: int | None = None) -> Path:
@@ -311,7 +317,8 @@ class FidelityBench:
         tune = bool(getattr(a, "tune", False)) and bool(self.methods)
         tag = {"methods": self.methods, "mia": a.mia, "mia_refs": a.mia_refs, "max_samples": a.max_samples,
                "floor_oracles": n_floor, "rates": self.rates if a.mia == "strong" else None, "v": CELL_VERSION,
-               **({"tune": _grids_tag(self.methods)} if tune else {})}
+               **({"tune": _grids_tag(self.methods)} if tune else {}),
+               **({"vit_shift": a.vit_shift} if getattr(a, "vit_shift", None) is not None else {})}
         if path.exists() and read_json(path).get("tag") == tag:
             return read_json(path)["rows"]
         mrun, vit = self._originals(seed)
@@ -389,7 +396,10 @@ class FidelityBench:
                  f"({', '.join(map(str, self.seeds))})", "",
                  f"MUNKEY design: {self.design}."
                  + ("" if self.methods else " MUNKEY and its M-oracle only (--methods ''): no plain ViT, T-oracle "
-                                            "or post-hoc rows."), "",
+                                            "or post-hoc rows.")
+                 + ("" if getattr(a, "vit_shift", None) is None else
+                    f" Plain ViT family (ViT, T-oracles, reference ViTs): augment_shift {a.vit_shift:g} (--vit-shift; "
+                    "MUNKEY keeps the profile's)."), "",
                  f"MIA attack: {attack}; MIA = its AUC, TPR@1% / TPR@0.1% = its true-positive rate at 1% / 0.1% "
                  "false-positive rate (forget vs test; below 1/n_test FPR a TPR counts forget samples scored above "
                  "every test sample). Mean ± sample standard deviation over seeds; Avg Gap against the "

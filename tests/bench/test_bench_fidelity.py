@@ -148,9 +148,14 @@ def test_bench_fidelity_tune_prints_the_chosen_settings(cache_dir: Path, tmp_pat
                                                        capsys: pytest.CaptureFixture) -> None:
     argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "tiny", "--seeds", "1", "--rates", "0.1",
             "--epochs", "3", "--methods", "ssd", "--floor-oracles", "0", "--tune", "--work", str(tmp_path / "work"),
-            "--out", str(tmp_path / "out")]
+            "--out", str(tmp_path / "out"), "--vit-shift", "0"]
     assert main(argv) == 0
     assert "trained 5 model(s)" in capsys.readouterr().out  # MUNKEY, ViT, M- and T-oracle, the split's T-oracle
+    # --vit-shift: the ViT family trains without augmentation, MUNKEY keeps the profile's
+    seed_dir = tmp_path / "work" / "digits_tiny" / "seed_0"
+    shift = lambda p: json.loads((p / "config.json").read_text())["train"]["augment_shift"]  # noqa: E731
+    assert shift(seed_dir / "munkey") == 0.1 and shift(seed_dir / "vit") == 0.0
+    assert [shift(p) for p in sorted((seed_dir / "vit" / "oracles").iterdir())] == [0.0, 0.0]
     rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "out" / "fidelity_digits.csv"))}
     tuning = json.loads((tmp_path / "work" / "digits_tiny" / "seed_0" / "rate_0.1_tuning.json").read_text())["tuning"]
     grid = tuning["methods"]["ssd"]["grid"]
