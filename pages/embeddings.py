@@ -15,8 +15,9 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from munkey_core.dashboard.embeddings import (MAX_POINTS, EmbeddingJob, EmbeddingMaps, MapParams, ids_csv, ids_from_points,
-                                    trace_groups)
+from munkey_core.dashboard.embeddings import (MAX_POINTS, EmbeddingJob, EmbeddingMaps, MapParams, hover_table, ids_csv,
+                                              ids_from_points, trace_groups)
+from munkey_core.dashboard.views import training_images
 from munkey_core.run.rows import bank_stamp
 from pages._common import require_run, thumbnail_grid, user_errors
 
@@ -76,6 +77,38 @@ def _figure(maps: EmbeddingMaps, which: str, title: str) -> go.Figure:
     fig.update_xaxes(showticklabels=False, title=None, zeroline=False, showgrid=False)
     fig.update_yaxes(showticklabels=False, title=None, zeroline=False, showgrid=False)
     return fig
+
+
+POINTER_SELECT, POINTER_HOVER = "Select (lasso, box)", "Images on hover"
+THUMB_SIDE = 32  # px: hover thumbnails are PNG data URLs in the chart's data (~0.1-0.6 KB each)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Making the hover thumbnails...")
+def _hover_records(path: str, bank_stamp: tuple[int, int, int], max_points: int, seed: int, refits: int,
+                   _maps: EmbeddingMaps) -> list[dict]:
+    # the same key as _job: one table of thumbnails per computed pair of maps
+    return hover_table(_maps, training_images(run, _maps.ids), names, side=THUMB_SIDE)
+
+
+def _hover_chart(maps: EmbeddingMaps, records: list[dict]):
+    """Both maps in one Vega-Lite chart (the thumbnails travel once): hovering a point shows its image."""
+    import altair as alt
+
+    colors = _palette(len(names))
+    present = [n for n in names if n in {r["label"] for r in records}]
+    base = alt.Chart(alt.Data(values=records)).mark_point(filled=True, size=28, opacity=0.75).encode(
+        color=alt.Color("label:N", scale=alt.Scale(domain=list(names), range=[colors[c % len(colors)] for c in range(len(names))]),
+                        legend=alt.Legend(orient="bottom", title=None, values=present)),
+        shape=alt.Shape("status:N", scale=alt.Scale(domain=["in the bank", "deleted"], range=["circle", "cross"]),
+                        legend=alt.Legend(orient="bottom", title=None)),
+        tooltip=[alt.Tooltip("image:N"), alt.Tooltip("id:Q", title="id"), alt.Tooltip("label:N", title="label"),
+                 alt.Tooltip("status:N", title="status")])
+    size = dict(width=430, height=430)
+    left = base.encode(x=alt.X("cls_x:Q", axis=None), y=alt.Y("cls_y:Q", axis=None)).properties(
+        title="[CLS] representations (crosses: deleted)", **size)
+    right = base.transform_filter("datum.ex_x != null").encode(x=alt.X("ex_x:Q", axis=None), y=alt.Y("ex_y:Q", axis=None)
+                                                                ).properties(title=f"Exemplar vectors in the bank ({int((~maps.deleted).sum())})", **size)
+    return alt.hconcat(left, right).resolve_scale(x="independent", y="independent").configure_view(stroke=None)
 
 
 @st.fragment(run_every=1.0)
@@ -180,6 +213,15 @@ if st.sidebar.button("Fit the maps again", key="emb_refit", icon=":material/refr
                      help="A fresh UMAP fit on the current bank (tens of seconds); replaces the cached one."):
     st.session_state["emb_refits"] = refits + 1
     st.rerun()
+pointer = st.segmented_control("Pointer", [POINTER_SELECT, POINTER_HOVER], default=POINTER_SELECT, key="emb_pointer",
+                               help="Select: draw a lasso or a box to pick samples. Images on hover: point at a sample "
+                                    "to see its image (no selection in this mode).")
+if pointer == POINTER_HOVER:
+    records = _hover_records(str(Path(run.paths.root).resolve()), stamp, max_points, seed, refits, maps)
+    st.altair_chart(_hover_chart(maps, records), key="emb_hover_chart")
+    st.caption(f"Point at a sample to see its image ({THUMB_SIDE} px thumbnails). Switch the pointer back to "
+               "Select to pick samples with a lasso or a box.")
+    st.stop()
 left, right = st.columns(2)
 events = {}
 map_keys = _map_keys(int(st.session_state.get(SELECTION_GEN, 0)))

@@ -18,7 +18,9 @@ current bank, in memory only, and places them as crosses among the fitted points
 UMAP is the long part (numba compiles its kernels on the first call in a process, ~10-30 s; then a
 few seconds per 1,000-3,000 points on 2 cores), hence `EmbeddingJob`, which computes the maps off
 the UI thread and reports its stage.
-Tests: tests/dashboard/test_embeddings.py.
+`thumbnail_urls` / `hover_table`: small PNG data URLs of the points' images, for the page's "Images on
+hover" mode (a Vega-Lite tooltip shows a field named `image` as a picture).
+Tests: tests/dashboard/test_embeddings.py, tests/app/test_app_embeddings.py, tests/e2e/test_e2e.py (hover).
 """
 
 from __future__ import annotations
@@ -330,6 +332,47 @@ def ids_from_points(points: Sequence[Mapping[str, Any]], maps: EmbeddingMaps | N
             raise MunkeyError("A selected point is not on the current map; reload the page and select again.")
         out.add(int(maps.ids[groups[curve].rows[idx]]))
     return sorted(out)
+
+
+def thumbnail_urls(images: np.ndarray, side: int = 32) -> list[str]:
+    """Small PNG data URLs of images (N, H, W, C) uint8, for hover tooltips: an image whose longer side is
+    below `side` is enlarged by an integer factor (nearest neighbour: 8x8 digits stay crisp), a larger one
+    shrunk to fit `side`; gray stays one channel. About 100-300 bytes each at 8x8 -> 32x32."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = []
+    for img in np.asarray(images):
+        a = img[..., 0] if img.ndim == 3 and img.shape[-1] == 1 else img
+        h, w = a.shape[:2]
+        pic = Image.fromarray(np.ascontiguousarray(a))
+        if max(h, w) < side:
+            f = max(1, side // max(h, w))
+            pic = pic.resize((w * f, h * f), Image.NEAREST)
+        elif max(h, w) > side:
+            pic.thumbnail((side, side), Image.BOX)
+        buf = io.BytesIO()
+        pic.save(buf, format="PNG", optimize=True)
+        out.append("data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii"))
+    return out
+
+
+def hover_table(maps: EmbeddingMaps, images: np.ndarray, class_names: Sequence[str], side: int = 32) -> list[dict]:
+    """One record per map point, for a chart with image tooltips: id, label name, whether deleted, both
+    maps' coordinates (exemplar ones None where deleted) and `image`, a thumbnail data URL (`thumbnail_urls`).
+    `images` (N, H, W, C) align with `maps.ids`."""
+    urls = thumbnail_urls(images, side)
+    rows = []
+    for r, (i, lab, gone) in enumerate(zip(maps.ids.tolist(), maps.labels.tolist(), maps.deleted.tolist())):
+        ex = maps.exemplar_xy[r]
+        rows.append({"id": int(i), "label": str(class_names[int(lab)]), "status": "deleted" if gone else "in the bank",
+                     "cls_x": float(maps.cls_xy[r, 0]), "cls_y": float(maps.cls_xy[r, 1]),
+                     "ex_x": None if gone or not np.isfinite(ex).all() else float(ex[0]),
+                     "ex_y": None if gone or not np.isfinite(ex).all() else float(ex[1]),
+                     "image": urls[r]})
+    return rows
 
 
 def ids_csv(ids: Sequence[int]) -> str:

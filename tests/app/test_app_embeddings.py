@@ -115,3 +115,40 @@ def test_embeddings_page_without_deletions(tiny_run: Path, monkeypatch: pytest.M
     assert not at.exception, [e.value for e in at.exception]
     assert not at.subheader and any("Draw a lasso" in i.value for i in at.info)
     assert len(at.get("plotly_chart")) == 2  # both maps are still drawn
+
+
+def test_images_on_hover_put_a_thumbnail_of_each_point_in_the_chart(tiny_run: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hover mode's chart carries one small PNG per point, as the `image` field vega-tooltip shows
+    (tests/e2e/test_e2e.py checks in Chromium that hovering shows it)."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    run = MunkeyRun(tiny_run, device="cpu")
+    gone = [int(i) for i in run.bank.ids[::50][:3]]
+    run.forget(gone)
+    images = {int(i): img for i, img in zip(run.dataset.train.ids, run.dataset.train.images)}
+    del run
+    at = _open_embeddings(monkeypatch, tiny_run)
+    at.get("button_group")[0].set_value("Images on hover").run()
+    assert not at.exception, [e.value for e in at.exception]
+    charts = at.get("vega_lite_chart")
+    assert len(charts) == 1 and not at.get("plotly_chart")  # one chart for both maps: the thumbnails travel once
+    import pyarrow as pa
+
+    spec = json.loads(charts[0].proto.spec)
+    records = pa.ipc.open_stream(charts[0].proto.data.data).read_all().to_pylist()  # the chart's one dataset
+    assert len(records) == 103 and {r["id"] for r in records if r["status"] == "deleted"} == set(gone)
+    assert all(r["image"].startswith("data:image/png;base64,") for r in records)
+    assert {t["field"] for t in spec["hconcat"][0]["encoding"]["tooltip"]} >= {"image", "id", "label"}
+    payload = len(charts[0].proto.spec) + len(charts[0].proto.data.data)
+    assert payload < 103 * 600 + 20_000, payload  # light: well under 1 KB a point for 8x8 digits
+    # each thumbnail is the sample's own image, enlarged 4x (nearest neighbour)
+    for r in records[:5]:
+        png = Image.open(io.BytesIO(base64.b64decode(r["image"].split(",", 1)[1])))
+        want = images[r["id"]][..., 0]
+        assert png.size == (32, 32)
+        assert np.array_equal(np.asarray(png), np.repeat(np.repeat(want, 4, axis=0), 4, axis=1))

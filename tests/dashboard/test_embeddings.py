@@ -257,3 +257,27 @@ def test_place_by_neighbours_is_the_mean_place_of_the_nearest_fitted_points() ->
     np.testing.assert_allclose(got, [[1, 0], [2, 8], [6.5, 8.5]])  # [49, 49]: nearest 50/50 then 11/0
     np.testing.assert_allclose(emb.place_by_neighbours(x[:1], ref, ref_xy, n=1), [[0, 0]])
     assert emb.place_by_neighbours(x[:0], ref, ref_xy).shape == (0, 2)
+
+
+def test_thumbnail_urls_are_small_pngs_of_the_images() -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    from sklearn.datasets import load_digits
+
+    digits = np.rint(load_digits().images[:20] * 255 / 16).astype(np.uint8)[..., None]  # (20, 8, 8, 1)
+    rgb = np.random.default_rng(0).integers(0, 255, (2, 96, 64, 3), dtype=np.uint8)
+
+    def decode(url: str) -> Image.Image:
+        assert url.startswith("data:image/png;base64,")
+        return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+
+    urls = emb.thumbnail_urls(digits)
+    assert len(urls) == 20 and max(len(u) for u in urls) < 600  # light: a few hundred bytes each
+    for url, img in zip(urls, digits):
+        png = decode(url)  # 8x8 enlarged 4x by repeating pixels (gray stays gray)
+        assert png.mode == "L" and np.array_equal(np.asarray(png), img[..., 0].repeat(4, 0).repeat(4, 1))
+    big = [decode(u) for u in emb.thumbnail_urls(rgb)]
+    assert all(p.mode == "RGB" and max(p.size) == 32 and p.size == (21, 32) for p in big)  # shrunk to fit, aspect kept

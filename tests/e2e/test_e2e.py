@@ -90,3 +90,39 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
         browser.close()
     bank1 = load_bank(tiny_run)
     assert len(bank1) == len(bank0) - 4 and not set(ids) & set(bank1.ids.tolist())
+
+
+def test_browser_embeddings_hover_shows_the_image(server: str) -> None:
+    """Images on hover: pointing at a point of the map shows its thumbnail in Vega's tooltip."""
+    import time
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(server)
+        page.get_by_role("heading", name="MUNKEY model").wait_for(timeout=90_000)
+        page.get_by_role("link", name="Embeddings").click()
+        page.locator(".js-plotly-plot").first.wait_for(timeout=300_000)  # the first UMAP fit (numba compiles)
+        idle(page)
+        t0 = time.perf_counter()
+        page.get_by_text("Images on hover").click()
+        chart = page.locator("[data-testid=stVegaLiteChart]").first
+        chart.wait_for(timeout=60_000)
+        idle(page)
+        print(f"hover maps drawn {time.perf_counter() - t0:.1f} s after the click")  # a figure, not a check
+        assert page.locator("[data-testid=stException]").count() == 0
+        box = chart.bounding_box()
+        tip = page.locator("#vg-tooltip-element")
+        html = ""
+        for y in range(30, int(box["height"]) - 30, 10):  # sweep the left map until a point's tooltip shows
+            for x in range(10, int(box["width"] / 2), 10):
+                page.mouse.move(box["x"] + x, box["y"] + y)
+                page.wait_for_timeout(10)
+                if tip.count() and tip.is_visible() and "<img" in tip.inner_html():
+                    html = tip.inner_html()
+                    break
+            if html:
+                break
+        assert 'src="data:image/png;base64,' in html and ">id<" in html and ">label<" in html, html[:300]
+        assert tip.locator("img").evaluate("img => img.naturalWidth") == 32  # the image decoded and shows
+        browser.close()
