@@ -9,7 +9,8 @@ evidence, opening the run) never wait for an evaluation:
 2. the evaluation before (no exclusive lock: the bank cannot change, only a deletion changes it);
 3. commit and apply (exclusive): `journal.json` is written atomically (the commit point; the
    journal is the pending audit entry), then, each step idempotent: forgotten.json, every
-   checkpoint's row file, the bank store (each purged in place: O(#ids) bytes, durable on return);
+   checkpoint's row file, the bank store (each purged in place: O(#ids) bytes, durable on return),
+   then the run's derived files and the sample tags (run/mapcache.py, run/tags.py: the ids' rows and tags);
 4. the evidence and evaluation after (no exclusive lock);
 5. record (exclusive): the audit entry (skipped if the log already holds this request id), the
    receipt; the journal is removed last.

@@ -160,3 +160,31 @@ def test_deletion_preview_filters_wrong_and_low_confidence(tiny_run_template: Pa
     expect = sorted(i for i, c in zip(ids, confidence) if c < round(threshold, 2))
     assert sorted(_shown_ids(at)) == expect
     assert {m.label: m.value for m in at.metric}["In the memory bank"] == "20"  # the request is unchanged
+
+
+def test_tags_given_on_the_deletion_page_leave_with_the_deleted_sample(tiny_run: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    from munkey_core.run.tags import add_tag, read_tags
+    from tests.app.test_app import TOKEN
+
+    ids = [int(i) for i in load_bank(tiny_run).ids if int(i) >= 100]
+    a, b = ids[5], ids[60]
+    add_tag(tiny_run, "review", [a, b])
+    at = _page(_app(monkeypatch, tiny_run, token=TOKEN), "deletions")
+    at.text_area(key="ids_text").input(str(a)).run()
+    at.text_input(key="preview_filter_tagname").input("consent-withdrawn").run()
+    at.button(key="preview_filter_addtag").click().run()  # tags the one sample of the request
+    assert read_tags(tiny_run).tags == {"consent-withdrawn": [a], "review": sorted([a, b])}
+    at.text_input(key="credential").input(TOKEN)
+    at.text_input(key="operator").input("Dana (DPO)").run()
+    at.checkbox(key="confirm").check().run()
+    at.button(key="delete").click().run()
+    job = at.session_state["deletion_job"]
+    assert job.wait(120) == "done", job.error
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    raw = (tiny_run / "tags.json").read_bytes()
+    assert re.search(rb"(?<![0-9])" + str(a).encode() + rb"(?![0-9])", raw) is None, raw
+    assert b"consent-withdrawn" not in raw and read_tags(tiny_run).tags == {"review": [b]}
