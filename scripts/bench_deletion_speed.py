@@ -13,7 +13,9 @@ Measured (seconds, wall clock):
   earlier deletion leaves), then `dashboard.views.delete_and_measure` of 10 ids (what the Deletion
   requests page runs: the request with its before/after evaluation, evidence, audit entry, receipt,
   and the verdicts' same-class accuracy);
-- dashboard deletion, cold: the same request as the first action of a freshly opened run;
+- dashboard deletion, cold: the same request as the first action of a freshly opened run (RUN as
+  `munkey train` leaves it: evaluated once, so its predictions are stored in it, run/predstore.py;
+  a tree without the store ignores them);
 - forget 1,000 ids, in process: `MunkeyRun.forget(ids, evaluate=False)` on an open run that has
   filed one request before (so its audit log exists and the dataset is loaded, as in the dashboard):
   validation, evidence, the journal, every row file, the audit entry and the signed receipt;
