@@ -107,7 +107,7 @@ def sample_filter(run: MunkeyRun, key: str, ids: Sequence[int], labels: Sequence
         st.session_state[f"{key}_tags"] = [t for t in st.session_state[f"{key}_tags"] if t in store.tags]
     chosen_tags = c[2].multiselect("Filter by tag", sorted(store.tags), key=f"{key}_tags",
                                    placeholder="any tag or none" if store.tags else "no tags yet")
-    c = st.columns([1, 1, 1], vertical_alignment="bottom")
+    c = st.columns([1, 1.3, 1], vertical_alignment="bottom")
     wrong = c[0].checkbox("Wrong only", key=f"{key}_wrong",
                           help="Samples whose current prediction (the run's K, the current memory bank) differs "
                                "from their label.")
@@ -152,7 +152,7 @@ def _tag_box(run: MunkeyRun, key: str, shown: list[int], flt: GridFilter) -> Non
                       args=(key, _tag, run, key, list(pick)), icon=":material/sell:")
         row[2].button(f"Untag {len(pick)}", key=f"{key}_untag", disabled=not pick, on_click=_act,
                       args=(key, _untag, run, key, list(pick)))
-        row = st.columns([3, 1], vertical_alignment="bottom")
+        row = st.columns([2.5, 1.2], vertical_alignment="bottom")
         row[0].text_input("Save the current filters as a view", key=f"{key}_viewname", placeholder="e.g. to review")
         row[1].button("Save view", key=f"{key}_saveview", on_click=_act, args=(key, _save, run, key, flt),
                       icon=":material/bookmark_add:")

@@ -10,7 +10,7 @@ from pages._common import require_run, thumbnail_grid, user_errors
 from pages._grids import sample_filter
 
 PREFILL_KEY = "deletion_ids_prefill"  # read by the Deletion requests page: list[int], ascending
-PER_ROW = 12
+PER_ROW = 8  # thumbnails a row: captions stay on one line down to 800 px
 
 run = require_run()
 
@@ -25,7 +25,7 @@ with user_errors():
     labels = run.dataset.lookup(ids).labels if ids else []
     view = sample_filter(run, "browse", ids, labels)
     matching = [ids[int(j)] for j in view.rows]
-    n_show = int(st.number_input("Thumbnails to show", 12, 600, 48, step=12, key="browse_show"))
+    n_show = int(st.columns([1, 2])[0].number_input("Thumbnails to show", 8, 600, 48, step=8, key="browse_show"))
     if matching:
         thumbnail_grid(run, matching[:n_show], size=48, per_row=PER_ROW, caption=lambda i, name: f"id {i} · {name}")
         if len(matching) > n_show:
