@@ -181,6 +181,8 @@ def _add_unact(sub: argparse._SubParsersAction) -> None:
                    help="ResNet unit score: attribution (default: activation x the channel's weight towards the "
                    "class logit; measured best, see docs/results) or activation (the paper's mean post-ReLU "
                    "activation); ViTs always use attribution")
+    p.add_argument("--no-retain-guard", action="store_true", help="MUNKEY runs: turn off the retain guard (which "
+                   "undoes a round and stops once the kept classes' probe loses more than 2 points)")
     p.add_argument("--out", default=None, help="new run directory for the edited model (default RUN_unact_cC[_N])")
     p.add_argument("--no-save", action="store_true", help="only measure; write nothing")
     p.add_argument("--train-oracle", action="store_true", help="train the class oracle first if it is missing "
@@ -470,6 +472,8 @@ def cmd_unact(args: argparse.Namespace) -> int:
     cfg = dataclasses.replace(base, p=base.p if args.p is None else args.p,
                               gamma=base.gamma if args.gamma is None else args.gamma,
                               k=base.k if args.k is None else args.k, score=args.score or base.score)
+    if args.no_retain_guard:
+        cfg = dataclasses.replace(cfg, guard=None, backoff=None)
     cfg.check()
     if args.train_oracle:
         editor.train_oracle(editor.pseudo_label(images) if cls is None else cls)
@@ -485,6 +489,9 @@ def cmd_unact(args: argparse.Namespace) -> int:
             f"in {req.seconds:.3f} s\n  Af {req.before.Af:.2f} -> {req.after.Af:.2f}   Ar {req.before.Ar:.2f} -> "
             f"{req.after.Ar:.2f}   Delta " + (f"{req.delta:.2f} (oracle Af {req.oracle.Af:.2f}, Ar {req.oracle.Ar:.2f})"
                                                if req.oracle else "- (no class oracle: add --train-oracle)"))
+    if req.details.get("stop_reason") == "retain guard":
+        text += (f"\n  stopped by the retain guard: one more round would have cost the kept classes more than "
+                 f"{req.details['guard']:g} points on their probe; the class is only partly removed")
     text += f"\nsaved as a new run: {out} (the original is untouched)" if out else "\nnot saved (--no-save)"
     _emit(row, args.json, text)
     return 0

@@ -194,6 +194,11 @@ v = verdict("Af", req.after.Af, af_target, n=n_cls,
 {"forgotten": st.success, "not yet": st.error}.get(v["verdict"], st.warning)(
     f"Verdict on class {req.cls} · {job.editor.class_names[req.cls]}: **{v['verdict']}**. {v['reason']}"
     + (" The class is not gone." if v["verdict"] == "not yet" else ""), icon=":material/balance:")
+if req.details.get("stop_reason") == "retain guard":
+    st.warning(f"The retain guard stopped this request after {req.details.get('rounds', 0)} rounds: the next round "
+               "would have lowered the kept classes' accuracy on their probe (10 bank exemplars per kept class) by more "
+               f"than {req.details.get('guard', 0):g} points, so it was undone. The class is only partly removed; "
+               "removing more from this model would cost the classes you keep.", icon=":material/shield:")
 st.caption(f"The whole request took {job.elapsed:.1f} s (edit {req.seconds:.2f} s; the rest is measuring accuracy before "
            "and after" + (" and the comparisons)." if job.rows and len(job.rows) > 1 else ")."))
 st.plotly_chart(_curve_figure(job.curve, job.cfg.k), key="curve_final")

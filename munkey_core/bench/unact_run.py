@@ -137,6 +137,7 @@ class UnactBench:
                 "Af": float(100 * np.mean(pred[forgot] == labels[forgot])),
                 "Ar": float(100 * np.mean(pred[kept] == labels[kept])),
                 "Ar_before": float(100 * np.mean(base_pred[kept] == labels[kept])),
+                "Af_this": float(100 * np.mean(pred[labels == c] == c)),
                 "Af_oracle": None, "Ar_oracle": None, "Delta": None, "seconds": seconds, "rounds": rounds}
 
     def munkey_cfg(self, ed: ClassEditor) -> UnActConfig:
@@ -147,8 +148,10 @@ class UnactBench:
 
     def munkey_sections(self, ed: ClassEditor, bar: tqdm) -> None:
         cfg = self.munkey_cfg(ed)
+        bare = replace(cfg, guard=None, protect=None, backoff=None)  # the design before the retain guard
         rows = [("keys", "keys", None, None), ("mask (logit)", "mask", None, None),
                 ("unact (inference path)", "unact", cfg, None), ("keys+unact (inference path)", "keys+unact", cfg, None),
+                ("keys+unact (inference path, no retain guard)", "keys+unact", bare, None),
                 ("keys+unact (image pathway, earlier design)", "keys+unact", EARLIER,
                  {"path": "image", "head": False, "blocks": len(ed.model.vit.blocks)})]
         for c in self.classes:
@@ -163,26 +166,31 @@ class UnactBench:
                     bar.update(1)
 
     def munkey_sequential(self, ed: ClassEditor, bar: tqdm) -> None:
-        """Key deletion + UnAct for the classes one after another on one model and one bank."""
-        cfg = self.munkey_cfg(ed)
+        """Key deletion + UnAct for the classes one after another on one model and one bank: the product
+        default (retain guard), the same without the guard, and the paper's rule (all k rounds, no guard)."""
+        default = self.munkey_cfg(ed)
+        bare = replace(default, guard=None, protect=None, backoff=None)
+        rules = [("keys+unact (inference path)", default),
+                 ("keys+unact (inference path, no retain guard)", bare),
+                 ("keys+unact (paper's rule: all k rounds)", replace(bare, stop="rounds"))]
         labels = ed.dataset.test.labels[ed.test_index]
         base_pred = ed.predict_test(ed.model)
-        model, bank = ed.working_copy(), None
-        gone: list[int] = []
-        for c in self.classes:
-            imgs = ed.class_images(c)
-            t0 = time.perf_counter()
-            target = ed.pseudo_label(imgs, model=model, bank=bank)
-            bank = ed.class_bank(c, bank)[0]
-            _, res = ed.run_unact(imgs, cfg, model=model, bank=bank, target=target)
-            seconds = time.perf_counter() - t0
-            gone.append(c)
-            pred = ed.predict_test(model, bank)
-            row = self._sequential_row(ed, "keys+unact (inference path)", c, gone, pred, labels, base_pred, seconds,
-                                       len(res.rounds))
-            row.update(section="munkey sequential", model="munkey")
-            self.rows.append(row)
-            bar.update(1)
+        for name, cfg in rules:
+            model, bank = ed.working_copy(), None
+            gone: list[int] = []
+            for c in self.classes:
+                imgs = ed.class_images(c)
+                t0 = time.perf_counter()
+                target = ed.pseudo_label(imgs, model=model, bank=bank)
+                bank = ed.class_bank(c, bank)[0]
+                _, res = ed.run_unact(imgs, cfg, model=model, bank=bank, target=target)
+                seconds = time.perf_counter() - t0
+                gone.append(c)
+                pred = ed.predict_test(model, bank)
+                row = self._sequential_row(ed, name, c, gone, pred, labels, base_pred, seconds, len(res.rounds))
+                row.update(section="munkey sequential", model="munkey", stop_reason=res.stop_reason or "all rounds")
+                self.rows.append(row)
+                bar.update(1)
 
     def tune_ssd(self, ed: ClassEditor, bar: tqdm) -> None:
         """One SSD and one LFSSD working point for the dataset: the grid point with the lowest mean over
@@ -281,10 +289,13 @@ class UnactBench:
             return
         self.lines += [f"### Sequential requests ({'MUNKEY run, ' if section.startswith('munkey') else ''}one model, "
                        "one class after another)", "",
-                       "| rule | after request | class removed | rounds | Af (all removed so far) | Ar (classes kept) | "
-                       "original's Ar on the same classes | s |", "|---|---|---|---|---|---|---|---|"]
+                       "| rule | after request | class removed | rounds | stopped by | Af (this class) | "
+                       "Af (all removed so far) | Ar (classes kept) | original's Ar on the same classes | s |",
+                       "|---|---|---|---|---|---|---|---|---|---|"]
+        f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         for r in rows:
-            self.lines.append(f"| {r['method']} | {r['requests']} | {r['class']} | {r.get('rounds', '-')} | {r['Af']:.2f} | "
+            self.lines.append(f"| {r['method']} | {r['requests']} | {r['class']} | {r.get('rounds', '-')} | "
+                              f"{r.get('stop_reason', '-')} | {f(r.get('Af_this'))} | {r['Af']:.2f} | "
                               f"{r['Ar']:.2f} | {r['Ar_before']:.2f} | {r['seconds']:.2f} |")
         self.lines.append("")
 
@@ -338,7 +349,7 @@ class UnactBench:
             total += (6 + n_scores + len([s for s in self.shots if s])) * n + (0 if a.no_sequential else 2 * n)
             total += 2 * len(SSD_BATCHES) * n if a.ssd_tune else 0
         if med is not None:
-            total += 9 * n + (0 if a.no_sequential else n)
+            total += 11 * n + (0 if a.no_sequential else 3 * n)
         with tqdm(total=total, desc="bench unact", unit="request", dynamic_ncols=True) as bar:
             if ed is not None:
                 if a.ssd_tune:

@@ -49,12 +49,16 @@ from munkey_core.model.predict import neighbour_weights
 from munkey_core.training.runs import retrain
 from munkey_core.unlearn.forwardcache import ForwardCache
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, reference_order, ssd_forget
-from munkey_core.unlearn.unact import DEFAULTS, RoundInfo, UnActConfig, munkey_ensemble_forward, scope_for, unact
+from munkey_core.unlearn.unact import (DEFAULTS, RetainProbe, RoundInfo, UnActConfig, munkey_ensemble_forward,
+                                       scope_for, unact)
 
 METHODS = ("unact", "ssd", "lfssd", "keys", "keys+unact", "mask")
 # UnAct on a MUNKEY backbone (along its inference path): p 90 (10 % of each group a round), gamma 0.01,
-# k 20, the classifier's inputs in scope and the "forgotten" stopping rule (docs/results/unact_digits.md)
-MUNKEY_CONFIG = UnActConfig(*DEFAULTS["munkey"], "attribution", stop="forgotten")
+# k 20, the classifier's inputs in scope, the "forgotten" stopping rule and a 2-point retain guard on a
+# probe of the kept classes' bank exemplars, which at its first breach goes on at p 99 (the top 1 % of
+# each group a round) and stops at the next (docs/results/unact_digits.md)
+MUNKEY_CONFIG = UnActConfig(*DEFAULTS["munkey"], "attribution", stop="forgotten", guard=2.0, backoff=99.0)
+PROBE_PER_CLASS = 10  # kept-class images per class in the retain probe (seeded)
 MUNKEY_HEAD = True
 MASK_LOGIT = -1e4
 ORACLE_DIR = "oracles"
@@ -263,14 +267,16 @@ class ClassEditor:
     def run_unact(self, images_u8: np.ndarray, cfg: UnActConfig | None = None, *, model: torch.nn.Module | None = None,
                   on_round: Callable[[RoundInfo, torch.nn.Module], None] | None = None,
                   bank: MemoryBank | None = None, target: int | None = None, path: str = "inference",
-                  head: bool | None = None, blocks: int | None = None):
+                  head: bool | None = None, blocks: int | None = None, retain_exclude: Sequence[int] = ()):
         """UnAct on a copy (or on `model`, edited in place). Returns (edited model, UnActResult).
 
         MUNKEY runs: `path="inference"` scores the backbone along the path inference takes, each image
         with its K neighbours retrieved from `bank` (default the run's bank; class removal passes the
         bank its key deletion leaves); `path="image"` scores the image pathway alone (null token, the
         earlier design). `target`: the class to suppress (default the pseudo-label); `head`: also edit
-        the classifier's inputs (default: on MUNKEY runs); `blocks`: final ViT blocks in scope."""
+        the classifier's inputs (default: on MUNKEY runs); `blocks`: final ViT blocks in scope. When
+        `cfg` protects the kept classes (protect / guard) the request builds their probe
+        (`retain_probe`), leaving out the classes in `retain_exclude` (removed by earlier requests)."""
         cfg = cfg or self.default_config()
         cfg.check()
         if len(images_u8) == 0:
@@ -285,8 +291,53 @@ class ClassEditor:
             forward = munkey_ensemble_forward(work, values, weights)
         scope = scope_for(work, forward=forward, score=cfg.score, blocks=blocks, head=head)
         callback = None if on_round is None else (lambda info: on_round(info, work))
-        result = unact(scope, self.to_input(images_u8), cfg, on_round=callback, target=target)
+        probe = None
+        if cfg.needs_probe:
+            if target is None:
+                target = self.pseudo_label(images_u8, model=work, bank=bank)
+            probe = self.retain_probe(work, int(target), bank=bank, scope=scope, blocks=blocks, head=head,
+                                      path=path, exclude=retain_exclude)
+        result = unact(scope, self.to_input(images_u8), cfg, on_round=callback, target=target, retain=probe)
         return work, result
+
+    def retain_probe(self, model: torch.nn.Module, target: int, *, bank: MemoryBank | None = None,
+                     scope=None, blocks: int | None = None, head: bool = False, path: str = "inference",
+                     exclude: Sequence[int] = (), per_class: int = PROBE_PER_CLASS, seed: int = 0) -> RetainProbe:
+        """The kept classes' probe for a request that removes `target`: `per_class` seeded training images
+        of every other class (MUNKEY: of the classes left in `bank`, drawn from its entries, each fed with
+        its K neighbours from that bank but never itself, as an unseen image would be), minus the classes
+        in `exclude` (already removed). Forward-only, like the request; the request's own images are
+        never in it (they are the target's)."""
+        tr = self.dataset.train
+        if self.kind == "munkey":
+            with self.run.lock:
+                b = self.run.bank if bank is None else bank
+                ids, labels = b.ids.copy(), b.labels.copy()
+        else:
+            ids, labels = tr.ids, tr.labels
+        rng = np.random.default_rng(seed)
+        keep = [c for c in np.unique(labels) if c != target and c not in set(int(e) for e in exclude)]
+        chosen = np.concatenate([np.sort(rng.choice(ids[labels == c], size=min(per_class, int((labels == c).sum())),
+                                                    replace=False)) for c in keep]) if keep else np.zeros(0, np.int64)
+        if len(chosen) == 0:
+            raise MunkeyError("No class is left to keep: the retain probe is empty.")
+        row_of = {int(i): r for r, i in enumerate(tr.ids)}
+        rows_ = np.array([row_of[int(i)] for i in chosen])
+        images = tr.images[rows_]
+        if self.kind != "munkey":
+            return RetainProbe(scope or scope_for(model), self.to_input(images), tr.labels[rows_], chosen)
+        forward = None
+        if path == "inference":
+            keys = torch.as_tensor(self.run.split_keys("train")[rows_])
+            k = self.run.train_cfg.k
+            with self.run.lock:
+                b = self.run.bank if bank is None else bank
+                sims, found = b.search(keys, k, exclude=[[int(i)] for i in chosen])
+                values = b.values.to(found.device)[found].float()
+            forward = munkey_ensemble_forward(model, values, neighbour_weights(sims.float(), self.run.train_cfg.tau,
+                                                                               "ensemble"))
+        probe_scope = scope_for(model, forward=forward, score="attribution", blocks=blocks, head=head)
+        return RetainProbe(probe_scope, self.to_input(images), tr.labels[rows_], chosen)
 
     # ----- the MUNKEY inference path ------------------------------------------------------------
     def request_keys(self, images_u8: np.ndarray) -> np.ndarray:
@@ -387,7 +438,11 @@ class ClassEditor:
             excluded = time.perf_counter() - t_unact - res.seconds
             pseudo = res.pseudo_label
             details.update(rounds=len(res.rounds), units=len({u for r in res.rounds for u in r.selected}),
-                           p=res.config.p, gamma=res.config.gamma, k=res.config.k, stop=res.config.stop)
+                           p=res.config.p, gamma=res.config.gamma, k=res.config.k, stop=res.config.stop,
+                           stop_reason=res.stop_reason or "all rounds")
+            if res.config.guard is not None:  # the retain guard: the kept classes' probe before and after
+                details.update(guard=res.config.guard, probe_before=res.probe_start,
+                               probe_after=next((r.probe_accuracy for r in reversed(res.rounds)), res.probe_start))
             if self.arch == "resnet18":
                 details["score"] = res.config.score
         cls = pseudo if cls is None else int(cls)

@@ -32,6 +32,22 @@ as no request image is predicted as c any more and c's mean probability over the
 (1 / classes) (each round's scoring pass gives those probabilities for free), which edits fewer units
 per request and keeps sequential requests from eating the layer.
 
+Kept classes (`RetainProbe`, forward-only like the rest; both off in the paper's rule): a request
+may bring a small probe of images of the classes it must keep, with their labels, scored by a scope
+over the same model whose forward feeds them as inference does. `guard` (points): a round's edit is
+kept only while the probe's accuracy stays within `guard` points of its value when the request
+started; the round that would breach it is undone (its weights restored from a copy taken before it)
+and the request stops ("retain guard"), so a request that can no longer remove its class without
+costing the kept ones says so instead of collapsing the model. `backoff` (a percentile above p): at
+the first undo, the request goes on with that finer percentile (only the top units of each group a
+round) and stops at the next breach. `protect` (a ratio rho): each round's
+selection spares the units whose score for c is at most rho times their largest kept-class score
+(the per-class mean, over the probe's images of that class, of the unit's attribution towards it).
+Each round then costs one more batched forward, over the probe. Why sequential requests need the
+guard: the selection takes a fixed share of each group a round whatever the scores, and after a few
+requests nearly every unit in scope has been dampened; the units the kept classes still read are the
+last ones left to take (docs/results/unact_digits.md measures it).
+
 Cost: one batched forward over the n images per round (the first also gives the pseudo-label); no
 autograd graph is ever built (everything runs under torch.no_grad) and no parameter's requires_grad
 is touched. Deterministic given model, images and (p, gamma, k). Tests: tests/unlearn/test_unact.py.
@@ -71,6 +87,9 @@ class UnActConfig:
     k: int = 20
     score: str = "activation"   # ResNet only: activation (the paper's) | attribution
     stop: str = "rounds"        # rounds (the paper's: all k) | forgotten (also stop once the images no longer give c)
+    protect: float | None = None  # spare units whose score for c is at most this times their kept-class one (probe)
+    guard: float | None = None  # undo the round and stop once the probe's accuracy falls more than this (points)
+    backoff: float | None = None  # after the guard's first undo, retry with this percentile before stopping
 
     def check(self) -> None:
         """Raise a clear MunkeyError for values outside their ranges."""
@@ -83,6 +102,18 @@ class UnActConfig:
             raise MunkeyError(f"k (rounds) must be a whole number >= 1 (got {self.k}).")
         if self.stop not in STOPS:
             raise MunkeyError(f"Unknown stopping rule '{self.stop}'; choose one of {', '.join(STOPS)}.")
+        if self.protect is not None and not (isinstance(self.protect, (int, float)) and float(self.protect) >= 0.0):
+            raise MunkeyError(f"protect must be a ratio >= 0 (got {self.protect}).")
+        if self.guard is not None and not (isinstance(self.guard, (int, float)) and 0.0 <= float(self.guard) <= 100.0):
+            raise MunkeyError(f"guard must be a number of accuracy points between 0 and 100 (got {self.guard}).")
+        if self.backoff is not None and (self.guard is None or not (isinstance(self.backoff, (int, float))
+                                                                     and float(self.p) < float(self.backoff) <= 100.0)):
+            raise MunkeyError(f"backoff must be a percentile above p (got {self.backoff}) and needs a guard.")
+
+    @property
+    def needs_probe(self) -> bool:
+        """Whether the request needs images of the kept classes (RetainProbe)."""
+        return self.protect is not None or self.guard is not None
 
 
 @dataclass
@@ -92,6 +123,8 @@ class RoundInfo:
     top_score: float             # the highest unit score before this round's edit
     seconds: float
     still_predicted: float = 1.0  # fraction of the request's images predicted as c before this round's edit
+    protected: int = 0           # units the percentile selected but `protect` spared (they carry a kept class)
+    probe_accuracy: float | None = None  # the kept-class probe's accuracy (%) after this round's edit
 
 
 @dataclass
@@ -104,7 +137,10 @@ class UnActResult:
     rounds: list[RoundInfo] = field(default_factory=list)
     seconds: float = 0.0         # the edit itself (time spent in the on_round callback excluded)
     stopped_early: bool = False
-    stop_reason: str = ""        # "" (all k rounds) | "nothing left to change" | "forgotten"
+    stop_reason: str = ""        # "" (all k rounds) | "nothing left to change" | "forgotten" | "retain guard"
+    probe_start: float | None = None  # the probe's accuracy (%) when the request started
+    undone: list[int] = field(default_factory=list)  # units of the round the guard undid last
+    backed_off: int | None = None  # the round whose edit the guard undid first, when `backoff` took over
 
 
 class UnitScope(Protocol):
@@ -123,6 +159,20 @@ class UnitScope(Protocol):
 
     def dampen(self, units: torch.Tensor, gamma: float) -> bool:
         """Multiply the in/out weights of `units` by gamma; False when that changes nothing."""
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every weight tensor `dampen` may write (copied before a guarded round, to undo it)."""
+
+
+@dataclass
+class RetainProbe:
+    """Images of the classes a request keeps, with their labels (a few per class), and the scope that
+    scores them: a scope over the same model whose forward feeds these images as inference does."""
+
+    scope: "UnitScope"
+    images: torch.Tensor   # (m, C, S, S)
+    labels: np.ndarray     # (m,) their classes (never the forgotten one)
+    ids: np.ndarray | None = None  # (m,) their sample ids, when they come from a run's data
 
 
 def select_units(scores: np.ndarray, p: float) -> np.ndarray:
@@ -178,6 +228,10 @@ class ResNetScope:
     def logits_and_scores(self, x: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, classes) and per-image unit scores (B, U)."""
         return _logits_and_scores(self, x, target)
+
+    def tensors(self) -> list[torch.Tensor]:
+        bn = self.block.bn2
+        return [self.block.conv2.weight, bn.weight, bn.bias, self.model.fc.weight]
 
     def dampen(self, units: torch.Tensor, gamma: float) -> bool:
         conv, bn, fc = self.block.conv2.weight, self.block.bn2, self.model.fc.weight
@@ -257,6 +311,13 @@ class ViTScope:
         """Logits (B, classes) and per-image unit scores (B, U)."""
         return _logits_and_scores(self, x, target)
 
+    def tensors(self) -> list[torch.Tensor]:
+        out = []
+        for block in self.blocks:
+            fc1, fc2 = block.mlp.fc1, block.mlp.fc2
+            out += [fc1.weight, fc2.weight] + ([fc1.bias] if fc1.bias is not None else [])
+        return out + ([self.vit.head.weight] if self.head else [])
+
     def dampen(self, units: torch.Tensor, gamma: float) -> bool:
         changed = False
         for bi, block in enumerate(self.blocks):
@@ -315,17 +376,45 @@ def _scores(scope: UnitScope, base_mean: np.ndarray, target: int) -> np.ndarray:
     return base_mean if w is None else base_mean * w.double().cpu().numpy()
 
 
+def _probe_stats(probe: RetainProbe) -> tuple[float, np.ndarray]:
+    """The probe's accuracy (%) and, per unit, the largest over the kept classes of the class-mean
+    attribution towards that class (U,): how much the unit carries some kept class."""
+    correct, sums, counts = 0, {}, {}
+    labels = np.asarray(probe.labels)
+    for start in range(0, len(probe.images), _BATCH):
+        rows = slice(start, min(start + _BATCH, len(probe.images)))
+        logits, base = probe.scope.forward_stats(probe.images[rows], rows)  # (B, classes), (B, U)
+        lab = labels[rows]
+        correct += int((logits.argmax(1).cpu().numpy() == lab).sum())
+        base = base.double().cpu()
+        for c in np.unique(lab):
+            part = base[torch.as_tensor(lab == c)].sum(0)
+            sums[int(c)] = part if int(c) not in sums else sums[int(c)] + part
+            counts[int(c)] = counts.get(int(c), 0) + int((lab == c).sum())
+    kept = np.stack([_scores(probe.scope, (sums[c] / counts[c]).numpy(), c) for c in sorted(sums)]).max(0)
+    return 100.0 * correct / len(labels), kept
+
+
 def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
-          on_round: Callable[[RoundInfo], None] | None = None, target: int | None = None) -> UnActResult:
+          on_round: Callable[[RoundInfo], None] | None = None, target: int | None = None,
+          retain: RetainProbe | None = None) -> UnActResult:
     """Edit the scope's model in place to suppress the class of `images`; returns what was done.
 
     `target`: the class to suppress; None (the default) = the pseudo-label, the argmax of the model's
-    mean logits over the images. Validates everything first: on bad input it raises MunkeyError and
-    the model is unchanged. The caller passes the model in eval mode (a copy, when the original must
-    stay untouched).
+    mean logits over the images. `retain`: the kept classes' probe, needed when `cfg.protect` or
+    `cfg.guard` is set. Validates everything first: on bad input it raises MunkeyError and the model
+    is unchanged. The caller passes the model in eval mode (a copy, when the original must stay
+    untouched).
     """
     cfg.check()
     _check_images(images, scope)
+    if cfg.needs_probe:
+        if retain is None or len(retain.images) == 0:
+            raise MunkeyError("This UnAct setting protects the kept classes: it needs a few images of the classes "
+                              "to keep (a retain probe); turn protect and guard off to run without one.")
+        _check_images(retain.images, retain.scope)
+        if len(retain.labels) != len(retain.images):
+            raise MunkeyError("The retain probe needs one label per image.")
     t0 = time.perf_counter()
     callback_seconds = 0.0
     with torch.no_grad():
@@ -336,6 +425,11 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
             raise MunkeyError(f"Class {target} does not exist in this model (classes 0-{len(mean_logits) - 1}).")
         target = int(target)
         result = UnActResult(target, [float(v) for v in mean_logits], len(images), scope.n_units, cfg)
+        if cfg.needs_probe:
+            if np.any(np.asarray(retain.labels) == target):
+                raise MunkeyError(f"The retain probe holds images of class {target}, the class being removed.")
+            result.probe_start, kept = _probe_stats(retain)
+        p = float(cfg.p)
         for r in range(1, cfg.k + 1):
             tr = time.perf_counter()
             if r > 1:
@@ -345,12 +439,36 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
                 result.stopped_early, result.stop_reason = True, "forgotten"
                 break
             scores = _scores(scope, base_mean, target)
-            units = select_grouped(scores, cfg.p, scope.groups)
+            units = select_grouped(scores, p, scope.groups)
+            spared = 0
+            if cfg.protect is not None:  # a unit that carries a kept class about as much as c stays
+                mine = scores[units] > float(cfg.protect) * kept[units]
+                spared, units = int((~mine).sum()), units[mine]
+                if len(units) == 0:
+                    result.stopped_early, result.stop_reason = True, "nothing left to change"
+                    break
+            saved = [t.clone() for t in scope.tensors()] if cfg.guard is not None else None
             changed = scope.dampen(torch.as_tensor(units, device=images.device), float(cfg.gamma))
             if not changed:
                 result.stopped_early, result.stop_reason = True, "nothing left to change"
                 break
-            info = RoundInfo(r, [int(u) for u in units], float(scores[units].max()), time.perf_counter() - tr, still)
+            accuracy = None
+            if cfg.needs_probe:
+                kept_before = kept
+                accuracy, kept = _probe_stats(retain)  # the edited model: also the next round's kept scores
+                if cfg.guard is not None and accuracy < result.probe_start - float(cfg.guard):
+                    for t, old in zip(scope.tensors(), saved):
+                        t.copy_(old)  # undo this round: the kept classes were starting to pay for it
+                    kept = kept_before
+                    if cfg.backoff is not None and p < float(cfg.backoff):
+                        p = float(cfg.backoff)  # retry with finer steps: only the top units of each group
+                        result.backed_off = r
+                        continue
+                    result.undone = [int(u) for u in units]
+                    result.stopped_early, result.stop_reason = True, "retain guard"
+                    break
+            info = RoundInfo(r, [int(u) for u in units], float(scores[units].max()), time.perf_counter() - tr, still,
+                             spared, accuracy)
             result.rounds.append(info)
             if on_round is not None:
                 tc = time.perf_counter()
