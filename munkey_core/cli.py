@@ -36,6 +36,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    "classifier (what UnAct, SSD and LFSSD edit; the plain ViT has the MUNKEY backbone's sizes)")
     p.add_argument("--exclude-class", type=int, action="append", default=[], metavar="C",
                    help="(resnet18/vit) leave class C out of training: a class oracle; repeatable")
+    p.add_argument("--width", type=int, default=None, help="(resnet18) channels of the first stage (the last has 8x): "
+                   "64 is the standard ResNet-18; default: the profile's (cpu 16, tiny 8)")
     g = p.add_argument_group("training options (defaults come from the profile)")
     for name, typ, text in [
         ("epochs", int, "training epochs"), ("batch-size", int, "batch size"), ("lr", float, "peak learning rate"),
@@ -228,6 +230,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
                                                 "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
                                                 "absent_target_mix", "seed", "split_seed", "exemplar_dim", "max_train", "inject_at")}
+    if args.width is not None and (args.arch != "resnet18" or args.width < 1):
+        raise MunkeyError("--width sets a ResNet-18's channels (a whole number >= 1, e.g. 64 for the standard model); "
+                          "use it with --arch resnet18.")
+    overrides["width"] = args.width
     if args.arch != "munkey" and args.inject_at is not None:
         raise MunkeyError("--inject-at is a MUNKEY option (where the exemplar token joins); a resnet18 / vit run has "
                           "no exemplar token. Drop --inject-at or use --arch munkey.")

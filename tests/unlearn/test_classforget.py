@@ -57,6 +57,19 @@ def test_train_classifier_cli_and_class_oracle(tmp_path: Path, capsys) -> None:
     assert code == 2 and "--arch resnet18 or vit" in err and not (tmp_path / "m").exists()
 
 
+def test_train_resnet_width_option(tmp_path: Path, capsys) -> None:
+    code, out, err = run_cli(capsys, "train", "--arch", "resnet18", "--dataset", "digits", "--profile", "tiny",
+                             "--epochs", "1", "--width", "4", "--out", str(tmp_path / "w4"))
+    assert code == 0, err
+    run = ClassifierRun(tmp_path / "w4", device="cpu")
+    assert run.model.fc.in_features == 32  # the last stage has 8 x width channels
+    assert run.config["classifier"]["width"] == 4
+    for argv in (["--dataset", "digits"], ["--arch", "resnet18", "--dataset", "digits"]):
+        code, _, err = run_cli(capsys, "train", *argv, "--width", "0" if "--arch" in argv else "64",
+                               "--out", str(tmp_path / "bad"))
+        assert code == 2 and "--width" in err and not (tmp_path / "bad").exists()
+
+
 def test_unact_cli_writes_a_new_run_with_delta_and_leaves_the_original(resnet_run: Path, capsys) -> None:
     before = file_digests(resnet_run, exclude=("oracles",))
     out = resnet_run.parent / "edited"
