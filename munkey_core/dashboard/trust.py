@@ -8,22 +8,24 @@
   training cases show ("6 of 8 similar training cases are 5s"), warns when they are far or
   disagree, and abstains from a confident answer then.
 
-Costs: `copy_index` is one pass over the training images plus a calibration of ~100 validation
-searches (seconds; cache it per run); `similarity_calibration` is one bank search of <= 1,000
+Costs: `copy_index` is one pass over the training images plus, the first time, a calibration of
+~400 validation searches (then cached in the run: run/copycache.py); `similarity_calibration` is one bank search of <= 1,000
 validation keys. Tests: tests/dashboard/test_trust.py.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from munkey_core.data.duplicates import NearDuplicateIndex
+from munkey_core.data.duplicates import METHOD, NearDuplicateIndex
 from munkey_core.errors import MunkeyError
 from munkey_core.model.predict import Predictions
+from munkey_core.run.copycache import read_thresholds, write_thresholds
 from munkey_core.service import MunkeyRun
 
 KEY_CANDIDATES = 20  # key-encoder neighbours added to the pixel search's candidates (they survive crops)
@@ -33,18 +35,30 @@ OOD_QUANTILE = 0.01
 # --------------------------------------------------------------------------- copies of training images
 
 
-def copy_index(run: MunkeyRun, *, calibrate: int = 100) -> NearDuplicateIndex:
+def copy_index(run: MunkeyRun, *, calibrate: int = 100, seed: int = 0) -> NearDuplicateIndex:
     """The near-duplicate index of the run's whole training split (deleted samples too: the dataset
-    still holds them, and an upload may be a copy of one), its threshold calibrated on validation images."""
+    still holds them, and an upload may be a copy of one), its thresholds calibrated on validation
+    images without the deleted samples, and cached in the run (run/copycache.py) for the next time."""
     train = run.dataset.train
     index = NearDuplicateIndex(train.images, train.ids)
     try:
-        val = run.dataset.split("val").images
+        val = run.dataset.split("val")
     except MunkeyError:
-        val = run.dataset.test.images
+        val = run.dataset.test
     if len(val) == 0:
-        val = run.dataset.test.images
-    index.calibrate(val, n=calibrate)
+        val = run.dataset.test
+    digest = hashlib.sha256()
+    for part in (METHOD, run.dataset.name, calibrate, seed, train.images.shape):
+        digest.update(repr(part).encode())
+    digest.update(np.ascontiguousarray(train.ids).tobytes())
+    digest.update(np.ascontiguousarray(val.ids).tobytes())
+    key = digest.hexdigest()[:16]
+    cached = read_thresholds(run.paths.root, key)
+    if cached is not None:
+        index.set_calibration(cached)
+        return index
+    index.calibrate(val.images, n=calibrate, seed=seed, exclude=run.forgotten_ids)
+    write_thresholds(run.paths.root, key, index.calibration or {}, run.runlock)
     return index
 
 

@@ -10,22 +10,29 @@ answers the second question in pixel space, at the dataset's own (native) resolu
 2. Candidates: the `m` training images whose small thumbnails (<= 16 px a side, area-averaged,
    zero-mean, unit-norm) correlate best with the upload's; a caller may add its own candidates (the
    dashboard adds the key encoder's nearest neighbours, which survive crops better).
-3. Score of a candidate: the best normalised cross-correlation (NCC, in [-1, 1]; invariant to
-   brightness and contrast) between the upload and the candidate under a few hypotheses:
-   - at native resolution (area-reduced to at most `SCORE_MAX` px a side), the candidate as is and slightly blurred (sigma 0.45 and 0.55 px: what
-     enlarging with bilinear/bicubic/Lanczos and area-shrinking back leaves), and
-   - when the upload is larger than native and at most `RENDER_MAX` px a side, the candidate
-     enlarged to the upload's exact size with nearest, bilinear and bicubic interpolation (exact
-     for non-integer scale factors, where area-shrinking misaligns), and
-   - for the best few candidates, light crops of the candidate (0 or ~4 % off each side).
-4. `threshold`: an upload is a copy of its best candidate when the score reaches it. `calibrate`
-   sets it from held-out images (validation split: known non-copies) pushed through the same search
-   at native size and enlarged 2x and 3x: just above the best score any of them reached.
+3. Plain score of a candidate: the best normalised cross-correlation (NCC, in [-1, 1]; invariant to
+   brightness and contrast) between the whole upload and the whole candidate: at native resolution
+   (area-reduced to at most `SCORE_MAX` px a side), the candidate as is and slightly blurred (sigma
+   0.45 and 0.55 px: what enlarging with bilinear/bicubic/Lanczos and area-shrinking back leaves), and
+   for uploads larger than native and at most `RENDER_MAX` px a side, the candidate enlarged to the
+   upload's exact size with nearest, bilinear and bicubic interpolation.
+4. Alignment score (light crops, shrunk uploads), when no plain score reaches the threshold: which box
+   of a training image is the upload? Coarse: every training image against the upload under 81 crop
+   boxes (0, 5 or 10 % off each side) at a <= 14 px grid, in one matrix product (resampling is
+   linear, so the upload is projected back instead of rendering every image; the renders' norms are
+   precomputed). Fine: for the `ALIGN_M` best, a pattern search of the four sides (steps 2.5 % down
+   to 0.6 %), the box rendered at the upload's size (<= 32 px), then for the best five at <= 64 px.
+   An upload smaller than the training images also gets every image rendered whole at its size.
+5. Thresholds (`calibrate`, from held-out images: known non-copies, searched whole, enlarged, cropped
+   and halved): one per kind of evidence, just above the best score any non-copy reached; the
+   alignment and shrunk-upload scores are mapped linearly onto the plain threshold's scale, so one
+   score and one `threshold` decide "exact match found". Calibration takes minutes on large images:
+   the dashboard caches it in the run (run/copycache.py).
 
-Costs: building the index is one pass over the training images (thumbnails; Fashion-MNIST's 54,000
-in ~5 s); a search is one (N x <=256) matrix-vector product plus a few hundred small resizes,
-~10-100 ms per upload. Recall: docs/results/near_duplicates.md (`munkey bench duplicates`).
-Tests: tests/data/test_duplicates.py.
+Costs: building the index is one pass over the training images (thumbnails, coarse images and their
+81 rendered norms; Fashion-MNIST's 54,000 in ~20 s); a search whose plain score settles it is ~10-100
+ms, one that needs the alignment ~0.1-1 s. Recall and false matches: docs/results/near_duplicates.md
+(`munkey bench duplicates`). Tests: tests/data/test_duplicates.py.
 """
 
 from __future__ import annotations
@@ -42,9 +49,10 @@ THUMB = 16  # side of the first-stage thumbnails (at most; smaller native images
 RENDER_MAX = 128  # largest upload side for which candidates are rendered at the upload's own size
 SCORE_MAX = 96  # scores are computed at native resolution, area-reduced to at most this many px a side
 BLURS = (0.0, 0.45, 0.55)  # Gaussian sigmas (native px) tried on each candidate
-CROP = 0.04  # light-crop hypotheses: this fraction (at least 1 px) off any subset of the four sides
-CROP_TOP = 8  # candidates (best first) that also get the crop hypotheses
+PLAIN_TOP = 8  # candidates (best plain score first) that also get the upload-size renders
 DEFAULT_THRESHOLD = 0.995  # before calibration
+SAFETY = {"plain": 0.25, "align": 0.25, "small": 0.75}  # threshold: best non-copy score moved this far to 1
+METHOD = "align-1"  # changes whenever the scores change meaning (cached calibrations are keyed on it)
 _R = Image.Resampling
 _RENDER = (_R.NEAREST, _R.BILINEAR, _R.BICUBIC)
 
@@ -116,17 +124,61 @@ def _blur(imgs: np.ndarray, sigma: float) -> np.ndarray:
     return out
 
 
-def _crop_boxes(h: int, w: int) -> list[tuple[int, int, int, int]]:
-    """(top, left, bottom, right) boxes: each side kept or trimmed by CROP (at least 1 px); full box excluded."""
-    dh, dw = max(1, round(CROP * h)), max(1, round(CROP * w))
-    out = []
-    for t in (0, dh):
-        for l in (0, dw):
-            for b in (0, dh):
-                for r in (0, dw):
-                    if t or l or b or r:
-                        out.append((t, l, h - b, w - r))
-    return out
+# ----- alignment search (light crops, shrunk copies) --------------------------------------
+ALIGN_FRACS = (0.0, 0.05, 0.10)  # coarse crop hypotheses: this fraction off each side (3^4 = 81 boxes)
+ALIGN_COARSE = 32  # side (at most) of the training images the coarse alignment scores every image at
+ALIGN_GRID = 14  # side (at most) of the coarse comparison grid
+ALIGN_WORK = 64  # side (at most) of the training images the fine alignment renders from
+ALIGN_FINE = 32  # side (at most) of the fine comparison grid
+ALIGN_STEPS = (0.025, 0.0125, 0.00625)  # fine search: each side moved by -step, 0, +step (81 boxes a step)
+ALIGN_MAX = 0.15  # no side is cut by more than this fraction
+ALIGN_M = 50  # candidates (best coarse alignment first) that get the fine alignment
+ALIGN_POLISH = 5  # best fine alignments polished at a finer grid
+POLISH_WORK, POLISH_FINE, POLISH_STEPS = 128, 64, (0.005, 0.0025)
+_CHUNK = 1024
+
+
+def _kernel(x: np.ndarray, kind: str) -> np.ndarray:
+    """Resampling kernels: 'box' (area averaging), 'cubic' (Keys, a = -0.5, as PIL's bicubic)."""
+    ax = np.abs(x)
+    if kind == "box":
+        return ((x >= -0.5) & (x < 0.5)).astype(np.float64)
+    a = -0.5
+    return np.where(ax < 1, (a + 2) * ax ** 3 - (a + 3) * ax ** 2 + 1,
+                    np.where(ax < 2, a * ax ** 3 - 5 * a * ax ** 2 + 8 * a * ax - 4 * a, 0.0))
+
+
+def _rmat(start: np.ndarray, end: np.ndarray, n: int, g: int, kind: str = "auto") -> np.ndarray:
+    """Resampling matrices (..., g, n): the span [start, end) of an axis of n pixels (pixel i covers
+    [i, i + 1)) sampled at g evenly spaced points, antialiased as PIL does (the kernel widened by the
+    scale when shrinking). kind 'auto': area averaging when shrinking, bicubic when enlarging."""
+    start, end = np.asarray(start, np.float64)[..., None, None], np.asarray(end, np.float64)[..., None, None]
+    scale = (end - start) / g  # (..., 1, 1)
+    ss = np.maximum(scale, 1.0)
+    centre = start + (np.arange(g)[:, None] + 0.5) * scale  # (..., g, 1)
+    x = (np.arange(n)[None, :] + 0.5 - centre) / ss  # (..., g, n)
+    if kind == "auto":
+        w = np.where(scale >= 1.0, _kernel(x, "box"), _kernel(x, "cubic"))
+    else:
+        w = _kernel(x, kind)
+    w = w / np.where(np.abs(w.sum(-1, keepdims=True)) < 1e-12, 1.0, w.sum(-1, keepdims=True))
+    return w.astype(np.float32)
+
+
+def _render(imgs: np.ndarray, ry: np.ndarray, rx: np.ndarray) -> np.ndarray:
+    """imgs (M, C, H, W) float32, ry (M, S, g, H), rx (M, T, k, W) -> (M, S, T, C*g*k): every image
+    resampled under every (row span, column span) pair, flattened."""
+    m, c = imgs.shape[:2]
+    s, g, t, k = ry.shape[1], ry.shape[2], rx.shape[1], rx.shape[2]
+    y = ry.reshape(len(ry), 1, s * g, -1) @ imgs  # (M, C, S*g, W); ry and rx may be shared (leading 1)
+    z = y @ rx.reshape(len(rx), 1, t * k, -1).transpose(0, 1, 3, 2)  # (M, C, S*g, T*k)
+    z = z.reshape(m, c, s, g, t, k).transpose(0, 2, 4, 1, 3, 5)
+    return z.reshape(m, s, t, c * g * k)
+
+
+def _spans(fracs: Sequence[float], n: int) -> np.ndarray:
+    """(S, 2) [start, end) pixel spans: every (first cut, last cut) pair of fractions of n."""
+    return np.array([(a * n, n - b * n) for a in fracs for b in fracs], np.float64)
 
 
 class NearDuplicateIndex:
@@ -142,15 +194,47 @@ class NearDuplicateIndex:
         self.channels = int(images.shape[3])
         self.thumb_shape = (min(self.shape[0], THUMB), min(self.shape[1], THUMB))
         self.threshold = float(threshold)
+        # the alignment score and shrunk uploads have their own thresholds (calibrate), mapped onto this one
+        self.align_threshold = 1.0
+        self.small_threshold = 1.0
         self.calibration: dict | None = None
-        self._thumbs = _unit(np.stack([_resize(im, self.thumb_shape, _R.BOX) for im in images])
-                             if len(images) else np.zeros((0, *self.thumb_shape, self.channels)))  # (N, t*t*C)
+        self._thumbs = _unit(self._reduced(self.thumb_shape)).reshape(len(images), -1)  # (N, t*t*C)
         # large native images (ELPV's 300 px) are scored area-reduced: ~10x less work, same ranking
         self.score_shape = (min(self.shape[0], SCORE_MAX), min(self.shape[1], SCORE_MAX))
-        self._simgs = images if self.score_shape == self.shape else \
-            np.stack([_resize(im, self.score_shape, _R.BOX) for im in images])  # (N, s, s, C)
-        self._crops = _crop_boxes(*self.score_shape)
+        self._simgs = self._reduced(self.score_shape, np.uint8)  # (N, s, s, C)
         self._pos = {int(i): p for p, i in enumerate(self.ids)}
+        self._build_alignment()
+
+    def _reduced(self, hw: tuple[int, int], dtype=np.float32) -> np.ndarray:
+        """All training images area-reduced to hw: (N, hw[0], hw[1], C)."""
+        if tuple(hw) == self.shape:
+            return self.images.astype(dtype, copy=False)
+        if len(self.images) == 0:
+            return np.zeros((0, *hw, self.channels), dtype)
+        return np.stack([_resize(im, hw, _R.BOX) for im in self.images]).astype(dtype, copy=False)
+
+    def _build_alignment(self) -> None:
+        """Coarse images, the coarse crop hypotheses' resampling matrices and every image's rendered
+        norm under each (needed to turn the projections of `_coarse_scores` into correlations)."""
+        h, w = self.shape
+        hc, wc = min(h, ALIGN_COARSE), min(w, ALIGN_COARSE)
+        self._grid = (min(h, ALIGN_GRID), min(w, ALIGN_GRID))
+        sy, sx = _spans(ALIGN_FRACS, hc), _spans(ALIGN_FRACS, wc)
+        self._span_fracs = np.array([(a, b) for a in ALIGN_FRACS for b in ALIGN_FRACS])  # (S, 2) cut fractions
+        self._ry = _rmat(sy[:, 0], sy[:, 1], hc, self._grid[0])  # (S, g, hc)
+        self._rx = _rmat(sx[:, 0], sx[:, 1], wc, self._grid[1])  # (S, k, wc)
+        coarse = self._reduced((hc, wc)).transpose(0, 3, 1, 2)  # (N, C, hc, wc)
+        norms = []
+        for c in range(0, len(coarse), _CHUNK):
+            z = _render(coarse[c:c + _CHUNK], self._ry[None], self._rx[None])  # (n, S, S, D)
+            z = z.reshape(len(z), -1, z.shape[-1])
+            norms.append(np.linalg.norm(z - z.mean(-1, keepdims=True), axis=-1))
+        self._norms = np.concatenate(norms) if norms else np.zeros((0, len(sy) ** 2), np.float32)  # (N, S*S)
+        self._coarse = np.ascontiguousarray(coarse.reshape(len(coarse), -1))  # (N, C*hc*wc)
+        self._work_shape = (min(h, ALIGN_WORK), min(w, ALIGN_WORK))
+        self._work = self._reduced(self._work_shape, np.uint8)  # (N, hw, ww, C)
+        self._polish_shape = (min(h, POLISH_WORK), min(w, POLISH_WORK))
+        self._polish = self._reduced(self._polish_shape, np.uint8)  # (N, hp, wp, C)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -159,7 +243,12 @@ class NearDuplicateIndex:
         """Rows of the given ids (ids not in the index are skipped)."""
         return [self._pos[int(i)] for i in ids if int(i) in self._pos]
 
-    # ----- the two stages -----------------------------------------------------------------
+    def is_small(self, image: np.ndarray) -> bool:
+        """Whether an upload has fewer pixels than the training images on some axis (a shrunk copy
+        carries less evidence: it is judged against `small_threshold`)."""
+        return image.shape[0] < self.shape[0] or image.shape[1] < self.shape[1]
+
+    # ----- plain search: thumbnails, then the upload against each candidate as is ----------
     def candidates(self, native: np.ndarray, m: int) -> np.ndarray:
         """Rows of the m training images whose thumbnails correlate best with a native-size upload."""
         q = _unit(_resize(native, self.thumb_shape, _R.BOX)[None])[0]
@@ -168,9 +257,10 @@ class NearDuplicateIndex:
         top = np.argpartition(-s, m - 1)[:m]
         return top[np.argsort(-s[top])]
 
-    def score(self, image: np.ndarray, rows: Sequence[int]) -> np.ndarray:
-        """Near-duplicate score (best NCC over the hypotheses in the module docstring) of an upload
-        (H, W, C) against each training row in `rows`."""
+    def score(self, image: np.ndarray, rows: Sequence[int], *, stop: float | None = None) -> np.ndarray:
+        """Plain near-duplicate score (best NCC over the whole-image hypotheses in the module
+        docstring) of an upload (H, W, C) against each training row in `rows`; the upload-size renders
+        are skipped once a candidate reaches `stop`."""
         rows = np.asarray(rows, np.int64)
         if len(rows) == 0:
             return np.zeros(0, np.float32)
@@ -179,34 +269,157 @@ class NearDuplicateIndex:
         cands = self._simgs[rows].astype(np.float32)  # (M, s, s, C)
         qn = _unit(native[None])[0]
         best = np.max(np.stack([_unit(_blur(cands, s)) @ qn for s in BLURS]), axis=0)  # (M,)
-        # the cheaper hypotheses first; stop as soon as one candidate reaches the threshold
-        if best.max() >= self.threshold:
+        if stop is not None and best.max() >= stop:
             return best
-        order = np.argsort(-best)[:CROP_TOP]
         h, w = img.shape[:2]
         if (h > self.shape[0] or w > self.shape[1]) and max(h, w) <= RENDER_MAX and self.score_shape == self.shape:
             qr = _unit(img[None])[0]
-            for j in order:
+            for j in np.argsort(-best)[:PLAIN_TOP]:
                 views = [_resize(self.images[rows[j]], (h, w), f) for f in _RENDER]
                 best[j] = max(best[j], float((_unit(np.stack(views)) @ qr).max()))
-            if best.max() >= self.threshold:
-                return best
-        for j in order:
-            im = self._simgs[rows[j]]
-            crops = np.stack([_resize(im[t:b, l:r], self.score_shape, _R.BICUBIC) for t, l, b, r in self._crops])
-            crops = crops.astype(np.float32)
-            best[j] = max(best[j], max(float((_unit(_blur(crops, sg)) @ qn).max()) for sg in BLURS))
         return best
+
+    # ----- alignment search: which box of a training image is the upload? -----------------
+    def _coarse_scores(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every training image's best NCC with the upload over the coarse crop boxes, at the coarse
+        grid, and the index of that box: (N,), (N,). One (N x D) @ (D x 81) product: resampling is
+        linear, so <render(x), q> = <x, render^T(q)>, and the renders' norms are precomputed."""
+        g, k = self._grid
+        q = to_native(match_channels(np.asarray(image), self.channels), (g, k), self.channels)
+        q = _unit(q.transpose(2, 0, 1)[None])[0].reshape(self.channels, g, k)  # (C, g, k)
+        proj = np.einsum("sgh,cgk,tkw->stchw", self._ry, q, self._rx, optimize=True)
+        s = (self._coarse @ proj.reshape(-1, self._coarse.shape[1]).T) / np.maximum(self._norms, 1e-6)  # (N, 81)
+        box = s.argmax(axis=1)
+        return s[np.arange(len(s)), box], box
+
+    def align(self, image: np.ndarray, rows: Sequence[int], boxes: Sequence[int] | None = None) -> np.ndarray:
+        """Alignment score of an upload against training rows: the best NCC over crop boxes of each
+        training image (every side cut by 0 to ALIGN_MAX), found coarse to fine from the coarse box
+        (`boxes`, from `_coarse_scores`; the whole image when None): a pattern search at the upload's
+        size (at most ALIGN_FINE px a side), then, for the ALIGN_POLISH best, at POLISH_FINE px."""
+        rows = np.asarray(rows, np.int64)
+        if len(rows) == 0:
+            return np.zeros(0, np.float32)
+        img = match_channels(np.asarray(image), self.channels)
+        cut = np.zeros((len(rows), 4))  # (M, 4): fraction cut off top, bottom, left, right
+        if boxes is not None:
+            nb = len(self._span_fracs)
+            boxes = np.asarray(boxes)
+            cut[:, :2], cut[:, 2:] = self._span_fracs[boxes // nb], self._span_fracs[boxes % nb]
+        best, cut = self._pattern(img, self._work[rows], cut, ALIGN_FINE, ALIGN_STEPS)
+        if self.is_small(img) and boxes is not None:  # a shrunk copy is most often whole: search from there too
+            whole, wcut = self._pattern(img, self._work[rows], np.zeros_like(cut), ALIGN_FINE, ALIGN_STEPS)
+            cut = np.where((whole > best)[:, None], wcut, cut)
+            best = np.maximum(best, whole)
+        top = np.argsort(-best)[:ALIGN_POLISH]
+        if self._polish_shape != self._work_shape or POLISH_FINE > ALIGN_FINE:
+            polished, _ = self._pattern(img, self._polish[rows[top]], cut[top], POLISH_FINE, POLISH_STEPS)
+            best[top] = polished  # at the finer grid the score of a copy rises and a look-alike's falls
+        return best.astype(np.float32)
+
+    def _pattern(self, img: np.ndarray, cands: np.ndarray, cut: np.ndarray, fine: int,
+                 steps: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+        """Pattern search of the crop box of each candidate (M, h, w, C) uint8 from `cut` (M, 4): at each
+        step every side moves by -step, 0 or +step (81 boxes), the box rendered at the upload's size (at
+        most `fine` px a side; area-averaged when shrinking, bicubic when enlarging, and for uploads
+        smaller than the training images also PIL's antialiased bicubic) and correlated with the
+        upload. Returns the best NCC (M,) and its cut (M, 4)."""
+        (h, w), (H, W) = img.shape[:2], self.shape
+        gf = (min(h, fine), min(w, fine))
+        q = _unit(to_native(img, gf, self.channels).transpose(2, 0, 1)[None])[0]  # (C*g*k,)
+        work = cands.astype(np.float32).transpose(0, 3, 1, 2)  # (M, C, hw, ww)
+        hw, ww = work.shape[2:]
+        m = len(work)
+        cut = np.array(cut, np.float64)
+        kinds = ("auto", "cubic") if self.is_small(img) else ("auto",)
+        d = np.array([(a, b) for a in (-1, 0, 1) for b in (-1, 0, 1)], np.float64)  # (9, 2) moves
+        best = np.full(m, -1.0)
+        for step in steps:  # the moves include staying: the start box is scored in the first step
+            ty = np.clip(cut[:, None, :2] + step * d[None], 0.0, ALIGN_MAX)  # (M, 9, 2)
+            tx = np.clip(cut[:, None, 2:] + step * d[None], 0.0, ALIGN_MAX)
+            s = np.full((m, 9, 9), -1.0)
+            for kind in kinds:
+                ry = _rmat(ty[..., 0] * hw, hw - ty[..., 1] * hw, hw, gf[0], kind)  # (M, 9, g, hw)
+                rx = _rmat(tx[..., 0] * ww, ww - tx[..., 1] * ww, ww, gf[1], kind)
+                z = _render(work, ry, rx)  # (M, 9, 9, D)
+                z = z - z.mean(-1, keepdims=True)
+                s = np.maximum(s, (z @ q) / np.maximum(np.linalg.norm(z, axis=-1), 1e-6))
+            s = s.reshape(m, -1)
+            flat = s.argmax(axis=1)
+            got = s[np.arange(m), flat]
+            better = got > best
+            best = np.where(better, got, best)
+            cut[better, :2] = ty[better, flat[better] // 9]
+            cut[better, 2:] = tx[better, flat[better] % 9]
+        return best, cut
+
+    # ----- both, combined -------------------------------------------------------------------
+    def _whole_scores(self, image: np.ndarray) -> np.ndarray:
+        """Every training image's NCC with an upload smaller than them, each rendered whole at the
+        upload's size (area-averaged and with PIL's antialiased bicubic; the better): (N,). The coarse
+        grid is too fine for a 4x4 upload; at its own size the right image stands out."""
+        img = match_channels(np.asarray(image), self.channels)
+        hw, ww = self._work_shape
+        gf = (min(img.shape[0], ALIGN_FINE), min(img.shape[1], ALIGN_FINE))
+        q = _unit(to_native(img, gf, self.channels).transpose(2, 0, 1)[None])[0]
+        out = []
+        for c in range(0, len(self), _CHUNK):
+            work = self._work[c:c + _CHUNK].astype(np.float32).transpose(0, 3, 1, 2)  # (n, C, hw, ww)
+            best = np.full(len(work), -1.0, np.float32)
+            for kind in ("auto", "cubic"):
+                z = _render(work, _rmat(0.0, hw, hw, gf[0], kind)[None, None],
+                            _rmat(0.0, ww, ww, gf[1], kind)[None, None])[:, 0, 0]  # (n, D)
+                best = np.maximum(best, _unit(z) @ q)
+            out.append(best)
+        return np.concatenate(out)
+
+    def _raw(self, image: np.ndarray, m: int, extra_rows: Sequence[int], stop: float | None):
+        """Candidate rows with their plain and alignment scores (alignment -1 where not computed). With
+        `stop`, a plain score reaching it ends the search before the alignment."""
+        native = to_native(image, self.shape, self.channels)
+        extra = np.asarray(list(extra_rows), np.int64)
+        rows = np.unique(np.concatenate([self.candidates(native, m), extra]))
+        plain = self.score(image, rows, stop=stop)
+        if stop is not None and plain.max() >= stop:
+            return rows, plain, np.full(len(rows), -1.0, np.float32)
+        coarse, box = self._coarse_scores(image)
+        k = min(ALIGN_M, len(coarse))
+        shortlist = [np.argpartition(-coarse, k - 1)[:k]]
+        if self.is_small(image):
+            whole = self._whole_scores(image)
+            shortlist.append(np.argpartition(-whole, k - 1)[:k])
+        shortlist = np.concatenate(shortlist)
+        more = np.setdiff1d(shortlist, rows)
+        rows = np.concatenate([rows, more])
+        plain = np.concatenate([plain, self.score(image, more)])
+        order = np.argsort(rows)
+        rows, plain = rows[order], plain[order]
+        aligned = np.full(len(rows), -1.0, np.float32)
+        todo = np.isin(rows, np.concatenate([shortlist, extra])) | (plain >= np.sort(plain)[-min(5, len(plain))])
+        aligned[todo] = self.align(image, rows[todo], box[rows[todo]])
+        return rows, plain, aligned
+
+    def _combine(self, image: np.ndarray, plain: np.ndarray, aligned: np.ndarray) -> np.ndarray:
+        """One score on the plain threshold's scale: each kind of evidence mapped linearly so that its
+        own calibrated threshold lands on `threshold` (and 1.0 stays 1.0)."""
+        def onto(x: np.ndarray, t: float) -> np.ndarray:
+            if t >= 1.0 - 1e-6:
+                return np.where(x >= 1.0 - 1e-6, 1.0, np.minimum(x, self.threshold - 1e-3))
+            return self.threshold + (x - t) * (1.0 - self.threshold) / (1.0 - t)
+        if self.is_small(np.asarray(image)):
+            return onto(np.maximum(plain, aligned), self.small_threshold)
+        return np.maximum(plain, onto(aligned, self.align_threshold))
 
     def search(self, image: np.ndarray, *, top: int = 10, m: int = 60,
                extra_rows: Sequence[int] = ()) -> list[Match]:
         """The `top` best-scoring training images for one upload, best first (candidates: the m best
-        thumbnails plus `extra_rows`)."""
+        thumbnails, the ALIGN_M best coarse alignments, plus `extra_rows`)."""
         if len(self) == 0:
             return []
-        native = to_native(image, self.shape, self.channels)
-        rows = np.unique(np.concatenate([self.candidates(native, m), np.asarray(list(extra_rows), np.int64)]))
-        scores = self.score(image, rows)
+        image = np.asarray(image)
+        stop = None if self.is_small(image) else self.threshold
+        rows, plain, aligned = self._raw(image, m, extra_rows, stop)
+        scores = self._combine(image, plain, aligned)
         order = np.lexsort((self.ids[rows], -scores))[:top]
         return [Match(int(self.ids[rows[j]]), float(scores[j]), int(rows[j])) for j in order]
 
@@ -216,24 +429,66 @@ class NearDuplicateIndex:
         return hits[0] if hits and hits[0].score >= self.threshold else None
 
     # ----- calibration ----------------------------------------------------------------------
-    def calibrate(self, held_out: np.ndarray, *, n: int = 100, seed: int = 0, floor: float = 0.98) -> float:
-        """Set `threshold` from held-out images (known non-copies, e.g. the validation split): the best
-        score any of `n` of them reaches at native size or enlarged 2x or 3x (bicubic), moved a quarter
-        of the way towards 1, and at least `floor`. Returns it; `calibration` keeps the figures."""
+    def calibrate(self, held_out: np.ndarray, *, n: int = 100, seed: int = 0, floor: float = 0.98,
+                  exclude: Sequence[int] = ()) -> float:
+        """Set the thresholds from held-out images (known non-copies, e.g. the validation split),
+        searched at native size, enlarged 2x and 3x (bicubic), lightly cropped (0-10 % off each side) and
+        enlarged 2x, and halved (bicubic and area): `threshold` from the best plain score of the
+        whole ones, `align_threshold` from the best alignment score at native size, cropped and 2x, `small_threshold` from the halved ones' best score of either kind; each the
+        best null score moved SAFETY of the way towards 1 (three quarters for shrunk uploads, whose few pixels
+        leave look-alikes close), and at least `floor`. Returns `threshold`;
+        `calibration` keeps the figures (plain numbers, and the ids of the training images whose
+        look-alikes set each threshold: `set_by`). Training ids in `exclude` (deleted samples) take no
+        part: the thresholds are derived from the other images only."""
         held_out = np.asarray(held_out)
         if len(held_out) == 0 or len(self) == 0:
             return self.threshold
-        pick = np.random.default_rng(seed).permutation(len(held_out))[:n]
-        best = []
+        rng = np.random.default_rng(seed)
+        pick = rng.permutation(len(held_out))[:n]
+        null: dict[str, list[tuple[float, int]]] = {"plain": [], "align": [], "small": []}  # (score, training row)
+
+        skip = np.isin(self.ids, np.asarray(list(exclude), np.int64))  # (N,)
+
+        def top(rows: np.ndarray, scores: np.ndarray) -> tuple[float, int]:
+            scores = np.where(skip[rows], -np.inf, scores)
+            j = int(np.argmax(scores))
+            return float(scores[j]), int(rows[j])
+
         for i in pick:
             im = held_out[i]
-            for f in (1, 2, 3):
-                q = im if f == 1 else _resize(im, (im.shape[0] * f, im.shape[1] * f), _R.BICUBIC)
-                hit = self.search(q, top=1)
-                best.append(hit[0].score if hit else -1.0)
-        null = np.asarray(best)
-        self.threshold = float(max(floor, null.max() + 0.25 * (1.0 - null.max())))
-        self.calibration = {"n_images": int(len(pick)), "queries": int(len(null)),
-                            "null_max": float(null.max()), "null_p99": float(np.quantile(null, 0.99)),
-                            "threshold": self.threshold}
+            h, w = im.shape[:2]
+            half = (max(1, round(h / 2)), max(1, round(w / 2)))
+            t, b = (rng.uniform(0, 0.1, 2) * h).round().astype(int)
+            l, r = (rng.uniform(0, 0.1, 2) * w).round().astype(int)
+            crop = _resize(im[t:h - b, l:w - r], (2 * h, 2 * w), _R.BICUBIC)  # a light crop, enlarged 2x
+            for f, q in ((1, im), (1.5, crop), (2, _resize(im, (2 * h, 2 * w), _R.BICUBIC)),
+                         (3, _resize(im, (3 * im.shape[0], 3 * im.shape[1]), _R.BICUBIC)),
+                         (0.5, _resize(im, half, _R.BICUBIC)), (0.5, _resize(im, half, _R.BOX))):
+                rows, p, a = self._raw(q, 60, (), None)
+                if f < 1:
+                    null["small"].append(top(rows, np.maximum(p, a)))
+                    continue
+                if f != 1.5:
+                    null["plain"].append(top(rows, p))
+                if f <= 2:
+                    null["align"].append(top(rows, a))
+        figures: dict = {"n_images": int(len(pick)), "queries": int(len(pick) * 6)}
+        set_by = set()
+        for kind, name in (("plain", "threshold"), ("align", "align_threshold"), ("small", "small_threshold")):
+            scores = np.array([s for s, _ in null[kind]])
+            j = int(np.argmax(scores))
+            set_by.add(int(self.ids[null[kind][j][1]]))
+            prefix = "" if kind == "plain" else kind + "_"
+            figures[f"{prefix}null_max"] = float(scores[j])
+            figures[f"{prefix}null_p99"] = float(np.quantile(scores, 0.99))
+            figures[name] = float(max(floor, scores[j] + SAFETY[kind] * (1.0 - scores[j])))
+        figures["set_by"] = sorted(set_by)  # the training ids whose look-alikes set the thresholds
+        self.set_calibration(figures)
         return self.threshold
+
+    def set_calibration(self, calibration: dict) -> None:
+        """Restore thresholds saved from `calibration` (a cached calibration of the same images)."""
+        self.threshold = float(calibration["threshold"])
+        self.align_threshold = float(calibration["align_threshold"])
+        self.small_threshold = float(calibration["small_threshold"])
+        self.calibration = dict(calibration)

@@ -47,6 +47,7 @@ from munkey_core.forget.evidence import ORACLE_NOTE, own_keys, retrieval_evidenc
 from munkey_core.eval.metrics import MIA_CHEAP
 from munkey_core.run.loaded import DeletionTarget, LoadedMunkeyRun
 from munkey_core.run.paths import RunPaths, is_run, read_forgotten
+from munkey_core.run.copycache import purge_ids as purge_cached_thresholds
 from munkey_core.run.mapcache import purge_ids as purge_cached_maps
 from munkey_core.run.tags import purge_ids as purge_tags
 from munkey_core.run.predstore import purge_ids as purge_stored_predictions
@@ -337,6 +338,7 @@ def apply_journal(run: DeletionTarget, journal: dict) -> None:
     crash_point("bank")
     purge_cached_maps(run.paths.root, [int(i) for i in journal.get("requested", todo)])  # derived data: run/mapcache.py
     purge_tags(run.paths.root, [int(i) for i in journal.get("requested", todo)])  # data about the samples: run/tags.py
+    purge_cached_thresholds(run.paths.root, [int(i) for i in journal.get("requested", todo)])  # run/copycache.py
 
 
 def finish(run: LoadedMunkeyRun, log: AuditLog, journal: dict, *, keys=None, recovered: bool = False,

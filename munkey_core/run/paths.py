@@ -19,6 +19,8 @@
     tags.json         sample tags and saved grid views (run/tags.py; a deletion removes its ids from it)
     predictions/      preds-<key>.npz: dataset-row predictions of the current bank (derived data; a
                       deletion removes its ids' rows and the rows that retrieved them, run/predstore.py)
+    duplicates/       thresholds-<key>.json: the copy search's calibrated thresholds (derived data, plain
+                      numbers; a deletion removes a file a deleted image helped set, run/copycache.py)
     .lock             the inter-process lock file (flock; run/lock.py)
     .deletion.lock    held by a deletion request from start to end (requests queue on it)
 

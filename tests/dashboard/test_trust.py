@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -9,12 +11,15 @@ import pytest
 from PIL import Image
 
 from munkey_core.dashboard import trust, views
+from munkey_core.run import copycache
 from munkey_core.service import MunkeyRun
 
 
 @pytest.fixture(scope="module")
-def run(tiny_run_template: Path) -> MunkeyRun:
-    return MunkeyRun(tiny_run_template, device="cpu")
+def run(tiny_run_template: Path, tmp_path_factory: pytest.TempPathFactory) -> MunkeyRun:
+    dest = tmp_path_factory.mktemp("trust") / "run"  # copy_index caches its calibration in the run
+    shutil.copytree(tiny_run_template, dest)
+    return MunkeyRun(dest, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +77,31 @@ def test_unknown_ids_are_named_with_their_split(run: MunkeyRun) -> None:
     msg = views.unknown_ids_message(groups)
     assert f"{test_id} is in the test split" in msg and f"{val_id} is in the validation split" in msg
     assert f"{10**9} is not a sample" in msg
+
+
+def test_the_copy_calibration_is_cached_in_the_run_and_a_deletion_purges_what_a_deleted_image_set(
+        tiny_run: Path) -> None:
+    run = MunkeyRun(tiny_run, device="cpu")
+    index = trust.copy_index(run, calibrate=10)
+    files = sorted((tiny_run / copycache.CACHE_DIR).glob("thresholds-*.json"))
+    assert len(files) == 1
+    saved = json.loads(files[0].read_text())["calibration"]
+    assert saved["threshold"] == index.threshold and saved["small_threshold"] == index.small_threshold
+    # plain numbers and the ids that set the thresholds: no image, no per-sample score
+    assert all(isinstance(v, (int, float)) for k, v in saved.items() if k != "set_by")
+    victim = int(saved["set_by"][0])
+    assert victim in set(int(i) for i in run.bank.ids)
+    # reused: a second index takes the cached thresholds (changed here to tell them apart) without calibrating
+    key = files[0].name[len("thresholds-"):-len(".json")]
+    copycache.write_thresholds(tiny_run, key, dict(saved, threshold=0.9991))
+    assert trust.copy_index(run, calibrate=10).threshold == 0.9991
+    # another cached calibration that no deleted image set survives the deletion
+    copycache.write_thresholds(tiny_run, "other", dict(saved, set_by=[-1]))
+    run.forget([victim], operator="test")
+    assert not files[0].exists() and copycache.read_thresholds(tiny_run, "other") is not None
+    # calibrated again without the deleted image; a copy of it is still recognised (and said to be deleted)
+    again = trust.copy_index(run, calibrate=10)
+    assert files[0].exists() and victim not in again.calibration["set_by"]
+    row = int(np.flatnonzero(run.dataset.train.ids == victim)[0])
+    found = trust.find_copies(run, again, [_enlarged(run.dataset.train.images[row], 64)])[0]
+    assert found["found"] and found["id"] == victim and found["in_bank"] is False
