@@ -90,3 +90,17 @@ def sign_in_as_operator(page, name: str = "E2E operator") -> None:
     who.fill(name)
     who.press("Enter")
     idle(page)
+
+
+def hover_image_tooltip(page, chart) -> str:
+    """Move the mouse over the left half of a Vega-Lite chart until Vega's tooltip shows an image; returns
+    the tooltip's HTML ('' when no point showed one)."""
+    box = chart.bounding_box()
+    tip = page.locator("#vg-tooltip-element")
+    for y in range(30, int(box["height"]) - 30, 10):
+        for x in range(10, int(box["width"] / 2), 10):
+            page.mouse.move(box["x"] + x, box["y"] + y)
+            page.wait_for_timeout(10)
+            if tip.count() and tip.is_visible() and "<img" in tip.inner_html():
+                return tip.inner_html()
+    return ""

@@ -14,7 +14,8 @@ import pytest
 
 from munkey_core.run.rows import load_bank
 
-from _browser import ARGS, CHROMIUM, NO_CHROMIUM, digit_png, idle, sign_in_as_operator, streamlit_server
+from _browser import (ARGS, CHROMIUM, NO_CHROMIUM, digit_png, hover_image_tooltip, idle, sign_in_as_operator,
+                      streamlit_server)
 
 sync_playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed "
                                       "(pip install playwright)").sync_playwright
@@ -92,15 +93,38 @@ def test_browser_evidence_and_deletion(server: str, tiny_run: Path, tmp_path: Pa
     assert len(bank1) == len(bank0) - 4 and not set(ids) & set(bank1.ids.tolist())
 
 
-def test_browser_embeddings_hover_shows_the_image(server: str) -> None:
-    """Images on hover: pointing at a point of the map shows its thumbnail in Vega's tooltip."""
+def test_browser_samples_tags_and_embeddings_hover_image(server: str, tiny_run: Path) -> None:
+    """Samples: the wrong ones tagged 'review' in the browser land in tags.json and filter the grid back.
+    Embeddings, images on hover: pointing at a point of the map shows its thumbnail in Vega's tooltip."""
     import time
+
+    from munkey_core.run.tags import read_tags
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(server)
         page.get_by_role("heading", name="MUNKEY model").wait_for(timeout=90_000)
+
+        page.get_by_role("link", name="Samples").click()
+        page.get_by_role("heading", name="Samples").wait_for(timeout=60_000)
+        idle(page)
+        page.get_by_text("Wrong only").click()
+        idle(page)
+        shown = page.get_by_text(re.compile(r"^Showing \d+ of \d+ matching the filter"))
+        n_wrong = int(re.match(r"Showing (\d+)", shown.inner_text()).group(1))
+        page.get_by_text("Tags and saved views").click()
+        tag = page.get_by_label("Tag", exact=True)
+        tag.fill("review")
+        tag.press("Enter")
+        idle(page)
+        page.get_by_role("button", name=f"Tag {n_wrong}", exact=True).click()
+        page.get_by_text(f"Tagged {n_wrong} sample(s) 'review'.").wait_for(timeout=30_000)
+        assert len(read_tags(tiny_run).tags["review"]) == n_wrong
+        page.get_by_text("Wrong only").click()  # off again: all samples, then only those tagged review
+        idle(page)
+        assert page.get_by_text(re.compile(rf"tagged 'review'")).count() >= 1
+        assert page.locator("[data-testid=stException]").count() == 0
         page.get_by_role("link", name="Embeddings").click()
         page.locator(".js-plotly-plot").first.wait_for(timeout=300_000)  # the first UMAP fit (numba compiles)
         idle(page)
@@ -111,18 +135,8 @@ def test_browser_embeddings_hover_shows_the_image(server: str) -> None:
         idle(page)
         print(f"hover maps drawn {time.perf_counter() - t0:.1f} s after the click")  # a figure, not a check
         assert page.locator("[data-testid=stException]").count() == 0
-        box = chart.bounding_box()
+        html = hover_image_tooltip(page, chart)
         tip = page.locator("#vg-tooltip-element")
-        html = ""
-        for y in range(30, int(box["height"]) - 30, 10):  # sweep the left map until a point's tooltip shows
-            for x in range(10, int(box["width"] / 2), 10):
-                page.mouse.move(box["x"] + x, box["y"] + y)
-                page.wait_for_timeout(10)
-                if tip.count() and tip.is_visible() and "<img" in tip.inner_html():
-                    html = tip.inner_html()
-                    break
-            if html:
-                break
         assert 'src="data:image/png;base64,' in html and ">id<" in html and ">label<" in html, html[:300]
         assert tip.locator("img").evaluate("img => img.naturalWidth") == 32  # the image decoded and shows
         browser.close()

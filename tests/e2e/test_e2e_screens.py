@@ -1,8 +1,8 @@
 """Screenshots of every dashboard page from a real `streamlit run app.py` in Chromium (Playwright).
 
 Same skip rules as tests/e2e/test_e2e.py. Visits Overview, Case evidence (an uploaded digit with its
-neighbours), Deletion requests (a preview), Audit log and Embeddings (both maps, then a lasso
-selection with its thumbnails) and saves a full-page PNG of each.
+neighbours), Deletion requests (a preview), Audit log, Samples (the wrong ones) and Embeddings (both
+maps, a lasso selection with its thumbnails, then a hover image) and saves a full-page PNG of each.
 
 - PNGs go to a temporary folder, or to docs/screenshots/<page>.png when MUNKEY_SCREENSHOTS=1
   (so CI never rewrites the repository).
@@ -23,7 +23,7 @@ import pytest
 
 from munkey_core.run.rows import load_bank
 
-from _browser import ARGS, CHROMIUM, NO_CHROMIUM, ROOT, digit_png, idle, streamlit_server
+from _browser import ARGS, CHROMIUM, NO_CHROMIUM, ROOT, digit_png, hover_image_tooltip, idle, streamlit_server
 WIDTH, HEIGHT = 1400, 1000
 
 _pw = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
@@ -135,6 +135,11 @@ def test_screenshots_of_every_page(server: str, screens_run: Path, shots_dir: Pa
         _goto(page, "Audit log", "Audit log")
         _shoot(page, shots_dir / "audit.png")
 
+        _goto(page, "Samples", "Samples")
+        page.get_by_text("Wrong only").click()
+        idle(page)
+        _shoot(page, shots_dir / "samples.png")
+
         _goto(page, "Embeddings", "Embeddings")
         page.get_by_text("Draw a lasso or a box").wait_for(timeout=240_000)  # cold UMAP: tens of seconds
         plots = page.locator(".js-plotly-plot")
@@ -147,7 +152,13 @@ def test_screenshots_of_every_page(server: str, screens_run: Path, shots_dir: Pa
             _lasso(page, plots.first, whole=True)
             page.get_by_text("Selected:").wait_for(timeout=60_000)
         _shoot(page, shots_dir / "embeddings_selection.png")
+        page.get_by_text("Images on hover").click()
+        chart = page.locator("[data-testid=stVegaLiteChart]").first
+        chart.wait_for(timeout=60_000)
+        idle(page)
+        assert hover_image_tooltip(page, chart)
+        page.screenshot(path=str(shots_dir / "embeddings_hover.png"))  # the viewport: the tooltip stays
         browser.close()
-    for name in ("overview", "evidence", "deletions", "class_unlearning", "audit", "embeddings",
-                 "embeddings_selection"):
+    for name in ("overview", "evidence", "deletions", "class_unlearning", "audit", "samples", "embeddings",
+                 "embeddings_selection", "embeddings_hover"):
         assert (shots_dir / f"{name}.png").stat().st_size > 10_000, name
