@@ -20,6 +20,7 @@ from munkey_core.dashboard.embeddings import (MAX_POINTS, EmbeddingJob, Embeddin
 from munkey_core.dashboard.views import training_images
 from munkey_core.run.rows import bank_stamp
 from pages._common import require_run, thumbnail_grid, user_errors
+from pages._grids import sample_filter
 
 PREFILL_KEY = "deletion_ids_prefill"  # read by the Deletion requests page: list[int], ascending
 THUMBS_MAX = 48
@@ -137,15 +138,15 @@ def _show_selection(maps: EmbeddingMaps, ids: list[int]) -> None:
     in_bank = [i for i in ids if i not in deleted]
     st.subheader(f"Selected: {len(ids)} sample(s)")
     st.caption(f"{len(in_bank)} still in the memory bank, {len(ids) - len(in_bank)} deleted earlier. Selections on "
-               "the two maps add up; Clear selection starts again."
-               + (f" Showing the first {THUMBS_MAX}." if len(ids) > THUMBS_MAX else ""))
-    shown = ids[:THUMBS_MAX]
+               f"the two maps add up; Clear selection starts again. At most {THUMBS_MAX} images are drawn; the "
+               "filters below change only what is drawn, and tags go to the samples still in the bank.")
     def struck_if_deleted(i: int, name: str) -> str:
         mark = "~~" if i in deleted else ""
         return f"{mark}id {i}{mark} · {name}"
 
     with user_errors():
-        thumbnail_grid(run, shown, size=48, per_row=PER_ROW, caption=struck_if_deleted)
+        view = sample_filter(run, "sel_filter", ids, run.dataset.lookup(ids).labels, limit=THUMBS_MAX)
+        thumbnail_grid(run, [ids[int(j)] for j in view.rows], size=48, per_row=PER_ROW, caption=struck_if_deleted)
     row = st.container(horizontal=True)
     row.download_button(f"Export {len(ids)} ids (CSV)", ids_csv(ids), file_name="selected_ids.csv",
                         mime="text/csv", key="emb_download", icon=":material/download:")

@@ -89,6 +89,13 @@ def test_embeddings_page_draws_both_maps_and_hands_a_selection_to_deletions(
     assert any("2 still in the memory bank, 1 deleted earlier" in c.value for c in at.caption)
     assert len([c for c in at.caption if "id " in c.value and " · " in c.value]) == 3  # thumbnails
     assert at.get("download_button")
+    # the selection's grid has the sample filters: tagging skips the deleted sample
+    at.text_input(key="sel_filter_tagname").input("review").run()
+    at.button(key="sel_filter_addtag").click().run()
+    assert any("Tagged 2 sample(s) 'review'. 1 not in the memory bank were skipped." in s.value for s in at.success)
+    at.multiselect(key="sel_filter_tags").set_value(["review"]).run()
+    assert sorted(int(c.value.split()[1]) for c in at.caption if c.value.startswith("id ")) == kept
+    at.multiselect(key="sel_filter_tags").set_value([]).run()
 
     at.button(key="emb_to_deletions").click().run()
     assert not at.exception, [e.value for e in at.exception]
