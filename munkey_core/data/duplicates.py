@@ -161,17 +161,27 @@ def _rmat(start: np.ndarray, end: np.ndarray, n: int, g: int, kind: str = "auto"
         w = np.where(scale >= 1.0, _kernel(x, "box"), _kernel(x, "cubic"))
     else:
         w = _kernel(x, kind)
+    # pixels outside the span are not there in a cropped copy: weigh each by how much of it is inside
+    # (an integer crop then renders exactly as resizing the cropped image does)
+    j = np.arange(n)[None, :]
+    w = w * np.clip(np.minimum(j + 1, end) - np.maximum(j, start), 0.0, 1.0)
     w = w / np.where(np.abs(w.sum(-1, keepdims=True)) < 1e-12, 1.0, w.sum(-1, keepdims=True))
     return w.astype(np.float32)
 
 
-def _render(imgs: np.ndarray, ry: np.ndarray, rx: np.ndarray) -> np.ndarray:
+def _render(imgs: np.ndarray, ry: np.ndarray, rx: np.ndarray, *, clip: bool = False) -> np.ndarray:
     """imgs (M, C, H, W) float32, ry (M, S, g, H), rx (M, T, k, W) -> (M, S, T, C*g*k): every image
-    resampled under every (row span, column span) pair, flattened."""
+    resampled under every (row span, column span) pair, flattened; ry and rx may be shared (leading 1).
+    Columns first, then rows; `clip`: to [0, 255] after each pass, as PIL does for 8-bit images (a
+    bicubic overshoot at a sharp edge is cut there, and a copy made by PIL carries the cut)."""
     m, c = imgs.shape[:2]
     s, g, t, k = ry.shape[1], ry.shape[2], rx.shape[1], rx.shape[2]
-    y = ry.reshape(len(ry), 1, s * g, -1) @ imgs  # (M, C, S*g, W); ry and rx may be shared (leading 1)
-    z = y @ rx.reshape(len(rx), 1, t * k, -1).transpose(0, 1, 3, 2)  # (M, C, S*g, T*k)
+    y = imgs @ rx.reshape(len(rx), 1, t * k, -1).transpose(0, 1, 3, 2)  # (M, C, H, T*k)
+    if clip:
+        y = np.clip(y, 0.0, 255.0)
+    z = ry.reshape(len(ry), 1, s * g, -1) @ y  # (M, C, S*g, T*k)
+    if clip:
+        z = np.clip(z, 0.0, 255.0)
     z = z.reshape(m, c, s, g, t, k).transpose(0, 2, 4, 1, 3, 5)
     return z.reshape(m, s, t, c * g * k)
 
@@ -341,7 +351,7 @@ class NearDuplicateIndex:
             for kind in kinds:
                 ry = _rmat(ty[..., 0] * hw, hw - ty[..., 1] * hw, hw, gf[0], kind)  # (M, 9, g, hw)
                 rx = _rmat(tx[..., 0] * ww, ww - tx[..., 1] * ww, ww, gf[1], kind)
-                z = _render(work, ry, rx)  # (M, 9, 9, D)
+                z = _render(work, ry, rx, clip=True)  # (M, 9, 9, D)
                 z = z - z.mean(-1, keepdims=True)
                 s = np.maximum(s, (z @ q) / np.maximum(np.linalg.norm(z, axis=-1), 1e-6))
             s = s.reshape(m, -1)
@@ -368,7 +378,7 @@ class NearDuplicateIndex:
             best = np.full(len(work), -1.0, np.float32)
             for kind in ("auto", "cubic"):
                 z = _render(work, _rmat(0.0, hw, hw, gf[0], kind)[None, None],
-                            _rmat(0.0, ww, ww, gf[1], kind)[None, None])[:, 0, 0]  # (n, D)
+                            _rmat(0.0, ww, ww, gf[1], kind)[None, None], clip=True)[:, 0, 0]  # (n, D)
                 best = np.maximum(best, _unit(z) @ q)
             out.append(best)
         return np.concatenate(out)
