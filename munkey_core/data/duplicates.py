@@ -136,13 +136,16 @@ ALIGN_M = 50  # candidates (best coarse alignment first) that get the fine align
 ALIGN_POLISH = 5  # best fine alignments polished at a finer grid
 POLISH_WORK, POLISH_FINE, POLISH_STEPS = 128, 64, (0.005, 0.0025)
 _CHUNK = 1024
+SMALL_KINDS = ("auto", "linear", "cubic")  # an upload smaller than the training images: shrunk by any of these
 
 
 def _kernel(x: np.ndarray, kind: str) -> np.ndarray:
-    """Resampling kernels: 'box' (area averaging), 'cubic' (Keys, a = -0.5, as PIL's bicubic)."""
+    """Resampling kernels: 'box' (area averaging), 'linear' (triangle), 'cubic' (Keys, a = -0.5), as PIL's."""
     ax = np.abs(x)
     if kind == "box":
         return ((x >= -0.5) & (x < 0.5)).astype(np.float64)
+    if kind == "linear":
+        return np.maximum(0.0, 1.0 - ax)
     a = -0.5
     return np.where(ax < 1, (a + 2) * ax ** 3 - (a + 3) * ax ** 2 + 1,
                     np.where(ax < 2, a * ax ** 3 - 5 * a * ax ** 2 + 8 * a * ax - 4 * a, 0.0))
@@ -332,7 +335,7 @@ class NearDuplicateIndex:
         """Pattern search of the crop box of each candidate (M, h, w, C) uint8 from `cut` (M, 4): at each
         step every side moves by -step, 0 or +step (81 boxes), the box rendered at the upload's size (at
         most `fine` px a side; area-averaged when shrinking, bicubic when enlarging, and for uploads
-        smaller than the training images also PIL's antialiased bicubic) and correlated with the
+        smaller than the training images also antialiased bilinear and bicubic, as PIL shrinks) and correlated with the
         upload. Returns the best NCC (M,) and its cut (M, 4)."""
         (h, w), (H, W) = img.shape[:2], self.shape
         gf = (min(h, fine), min(w, fine))
@@ -341,7 +344,7 @@ class NearDuplicateIndex:
         hw, ww = work.shape[2:]
         m = len(work)
         cut = np.array(cut, np.float64)
-        kinds = ("auto", "cubic") if self.is_small(img) else ("auto",)
+        kinds = SMALL_KINDS if self.is_small(img) else ("auto",)
         d = np.array([(a, b) for a in (-1, 0, 1) for b in (-1, 0, 1)], np.float64)  # (9, 2) moves
         best = np.full(m, -1.0)
         for step in steps:  # the moves include staying: the start box is scored in the first step
@@ -366,7 +369,7 @@ class NearDuplicateIndex:
     # ----- both, combined -------------------------------------------------------------------
     def _whole_scores(self, image: np.ndarray) -> np.ndarray:
         """Every training image's NCC with an upload smaller than them, each rendered whole at the
-        upload's size (area-averaged and with PIL's antialiased bicubic; the better): (N,). The coarse
+        upload's size (area-averaged, antialiased bilinear and bicubic, as PIL shrinks; the best): (N,). The coarse
         grid is too fine for a 4x4 upload; at its own size the right image stands out."""
         img = match_channels(np.asarray(image), self.channels)
         hw, ww = self._work_shape
@@ -376,7 +379,7 @@ class NearDuplicateIndex:
         for c in range(0, len(self), _CHUNK):
             work = self._work[c:c + _CHUNK].astype(np.float32).transpose(0, 3, 1, 2)  # (n, C, hw, ww)
             best = np.full(len(work), -1.0, np.float32)
-            for kind in ("auto", "cubic"):
+            for kind in SMALL_KINDS:
                 z = _render(work, _rmat(0.0, hw, hw, gf[0], kind)[None, None],
                             _rmat(0.0, ww, ww, gf[1], kind)[None, None], clip=True)[:, 0, 0]  # (n, D)
                 best = np.maximum(best, _unit(z) @ q)
