@@ -20,8 +20,9 @@ answers the second question in pixel space, at the dataset's own (native) resolu
    of a training image is the upload? Coarse: every training image against the upload under 81 crop
    boxes (0, 5 or 10 % off each side) at a <= 14 px grid, in one matrix product (resampling is
    linear, so the upload is projected back instead of rendering every image; the renders' norms are
-   precomputed). Fine: for the `ALIGN_M` best, a pattern search of the four sides (steps 2.5 % down
-   to 0.6 %), the box rendered at the upload's size (<= 32 px), then for the best five at <= 64 px.
+   precomputed). Fine: for the `ALIGN_M` best, a pattern search of the four sides (a 2.5 % step for
+   all, then 1.2 % and 0.6 % for the best ten), the box rendered at the upload's size (<= 32 px), then
+   for the best five at <= 64 px.
    An upload smaller than the training images also gets every image rendered whole at its size.
 5. Thresholds (`calibrate`, from held-out images: known non-copies, searched whole, enlarged, cropped
    and halved): one per kind of evidence, just above the best score any non-copy reached; the
@@ -133,6 +134,7 @@ ALIGN_FINE = 32  # side (at most) of the fine comparison grid
 ALIGN_STEPS = (0.025, 0.0125, 0.00625)  # fine search: each side moved by -step, 0, +step (81 boxes a step)
 ALIGN_MAX = 0.15  # no side is cut by more than this fraction
 ALIGN_M = 50  # candidates (best coarse alignment first) that get the fine alignment
+ALIGN_KEEP = 10  # of those, the best after the first fine step get the finer steps
 ALIGN_POLISH = 5  # best fine alignments polished at a finer grid
 POLISH_WORK, POLISH_FINE, POLISH_STEPS = 128, 64, (0.005, 0.0025)
 _CHUNK = 1024
@@ -141,35 +143,42 @@ SMALL_KINDS = ("auto", "linear", "cubic")  # an upload smaller than the training
 
 def _kernel(x: np.ndarray, kind: str) -> np.ndarray:
     """Resampling kernels: 'box' (area averaging), 'linear' (triangle), 'cubic' (Keys, a = -0.5), as PIL's."""
-    ax = np.abs(x)
     if kind == "box":
-        return ((x >= -0.5) & (x < 0.5)).astype(np.float64)
+        return ((x >= -0.5) & (x < 0.5)).astype(x.dtype)
+    ax = np.abs(x)
     if kind == "linear":
         return np.maximum(0.0, 1.0 - ax)
-    a = -0.5
-    return np.where(ax < 1, (a + 2) * ax ** 3 - (a + 3) * ax ** 2 + 1,
-                    np.where(ax < 2, a * ax ** 3 - 5 * a * ax ** 2 + 8 * a * ax - 4 * a, 0.0))
+    a = -0.5  # (a + 2)|x|^3 - (a + 3)|x|^2 + 1 inside 1; a|x|^3 - 5a|x|^2 + 8a|x| - 4a inside 2
+    inner = ((a + 2) * ax - (a + 3)) * ax * ax + 1
+    outer = ((a * ax - 5 * a) * ax + 8 * a) * ax - 4 * a
+    return np.where(ax < 1, inner, np.where(ax < 2, outer, 0.0)).astype(x.dtype, copy=False)
 
 
 def _rmat(start: np.ndarray, end: np.ndarray, n: int, g: int, kind: str = "auto") -> np.ndarray:
     """Resampling matrices (..., g, n): the span [start, end) of an axis of n pixels (pixel i covers
     [i, i + 1)) sampled at g evenly spaced points, antialiased as PIL does (the kernel widened by the
     scale when shrinking). kind 'auto': area averaging when shrinking, bicubic when enlarging."""
-    start, end = np.asarray(start, np.float64)[..., None, None], np.asarray(end, np.float64)[..., None, None]
+    start = np.asarray(start, np.float32)[..., None, None]
+    end = np.asarray(end, np.float32)[..., None, None]
     scale = (end - start) / g  # (..., 1, 1)
     ss = np.maximum(scale, 1.0)
-    centre = start + (np.arange(g)[:, None] + 0.5) * scale  # (..., g, 1)
-    x = (np.arange(n)[None, :] + 0.5 - centre) / ss  # (..., g, n)
+    centre = start + (np.arange(g, dtype=np.float32)[:, None] + 0.5) * scale  # (..., g, 1)
+    j = np.arange(n, dtype=np.float32)[None, :]
+    x = (j + 0.5 - centre) / ss  # (..., g, n)
     if kind == "auto":
-        w = np.where(scale >= 1.0, _kernel(x, "box"), _kernel(x, "cubic"))
+        shrink = scale >= 1.0
+        if shrink.all() or not shrink.any():
+            w = _kernel(x, "box" if shrink.all() else "cubic")
+        else:
+            w = np.where(shrink, _kernel(x, "box"), _kernel(x, "cubic"))
     else:
         w = _kernel(x, kind)
     # pixels outside the span are not there in a cropped copy: weigh each by how much of it is inside
     # (an integer crop then renders exactly as resizing the cropped image does)
-    j = np.arange(n)[None, :]
     w = w * np.clip(np.minimum(j + 1, end) - np.maximum(j, start), 0.0, 1.0)
-    w = w / np.where(np.abs(w.sum(-1, keepdims=True)) < 1e-12, 1.0, w.sum(-1, keepdims=True))
-    return w.astype(np.float32)
+    total = w.sum(-1, keepdims=True)
+    w = w / np.where(np.abs(total) < 1e-12, 1.0, total)
+    return w.astype(np.float32, copy=False)
 
 
 def _render(imgs: np.ndarray, ry: np.ndarray, rx: np.ndarray, *, clip: bool = False) -> np.ndarray:
@@ -187,6 +196,20 @@ def _render(imgs: np.ndarray, ry: np.ndarray, rx: np.ndarray, *, clip: bool = Fa
         z = np.clip(z, 0.0, 255.0)
     z = z.reshape(m, c, s, g, t, k).transpose(0, 2, 4, 1, 3, 5)
     return z.reshape(m, s, t, c * g * k)
+
+
+def _ncc_grid(imgs: np.ndarray, ry: np.ndarray, rx: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """NCC of a zero-mean, unit-norm q (C, g, k) with every render of `_render(imgs, ry, rx, clip=True)`:
+    (M, S, T), from sums over the renders in place (no flattened copy)."""
+    m, c = imgs.shape[:2]
+    s, g, t, k = ry.shape[1], ry.shape[2], rx.shape[1], rx.shape[2]
+    y = np.clip(imgs @ rx.reshape(len(rx), 1, t * k, -1).transpose(0, 1, 3, 2), 0.0, 255.0)  # (M, C, H, T*k)
+    z = np.clip(ry.reshape(len(ry), 1, s * g, -1) @ y, 0.0, 255.0).reshape(m, c, s, g, t, k)
+    dot = np.einsum("mcsgtk,cgk->mst", z, q, optimize=True)
+    total = z.sum(axis=(1, 3, 5))
+    sq = np.einsum("mcsgtk,mcsgtk->mst", z, z, optimize=True)
+    var = np.maximum(sq - total * total / (c * g * k), 1e-12)
+    return dot / np.sqrt(var)
 
 
 def _spans(fracs: Sequence[float], n: int) -> np.ndarray:
@@ -319,11 +342,14 @@ class NearDuplicateIndex:
             nb = len(self._span_fracs)
             boxes = np.asarray(boxes)
             cut[:, :2], cut[:, 2:] = self._span_fracs[boxes // nb], self._span_fracs[boxes % nb]
-        best, cut = self._pattern(img, self._work[rows], cut, ALIGN_FINE, ALIGN_STEPS)
+        best, cut = self._pattern(img, self._work[rows], cut, ALIGN_FINE, ALIGN_STEPS[:1])
         if self.is_small(img) and boxes is not None:  # a shrunk copy is most often whole: search from there too
-            whole, wcut = self._pattern(img, self._work[rows], np.zeros_like(cut), ALIGN_FINE, ALIGN_STEPS)
+            whole, wcut = self._pattern(img, self._work[rows], np.zeros_like(cut), ALIGN_FINE, ALIGN_STEPS[:1])
             cut = np.where((whole > best)[:, None], wcut, cut)
             best = np.maximum(best, whole)
+        keep = np.argsort(-best)[:ALIGN_KEEP]  # the finer steps for the best few only
+        finer, cut[keep] = self._pattern(img, self._work[rows[keep]], cut[keep], ALIGN_FINE, ALIGN_STEPS[1:])
+        best[keep] = np.maximum(best[keep], finer)
         top = np.argsort(-best)[:ALIGN_POLISH]
         if self._polish_shape != self._work_shape or POLISH_FINE > ALIGN_FINE:
             polished, _ = self._pattern(img, self._polish[rows[top]], cut[top], POLISH_FINE, POLISH_STEPS)
@@ -339,7 +365,7 @@ class NearDuplicateIndex:
         upload. Returns the best NCC (M,) and its cut (M, 4)."""
         (h, w), (H, W) = img.shape[:2], self.shape
         gf = (min(h, fine), min(w, fine))
-        q = _unit(to_native(img, gf, self.channels).transpose(2, 0, 1)[None])[0]  # (C*g*k,)
+        q = _unit(to_native(img, gf, self.channels).transpose(2, 0, 1)[None])[0].reshape(-1, *gf)  # (C, g, k)
         work = cands.astype(np.float32).transpose(0, 3, 1, 2)  # (M, C, hw, ww)
         hw, ww = work.shape[2:]
         m = len(work)
@@ -354,9 +380,7 @@ class NearDuplicateIndex:
             for kind in kinds:
                 ry = _rmat(ty[..., 0] * hw, hw - ty[..., 1] * hw, hw, gf[0], kind)  # (M, 9, g, hw)
                 rx = _rmat(tx[..., 0] * ww, ww - tx[..., 1] * ww, ww, gf[1], kind)
-                z = _render(work, ry, rx, clip=True)  # (M, 9, 9, D)
-                z = z - z.mean(-1, keepdims=True)
-                s = np.maximum(s, (z @ q) / np.maximum(np.linalg.norm(z, axis=-1), 1e-6))
+                s = np.maximum(s, _ncc_grid(work, ry, rx, q))  # (M, 9, 9)
             s = s.reshape(m, -1)
             flat = s.argmax(axis=1)
             got = s[np.arange(m), flat]
