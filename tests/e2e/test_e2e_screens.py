@@ -1,7 +1,7 @@
 """Screenshots of every dashboard page from a real `streamlit run app.py` in Chromium (Playwright).
 
 Same skip rules as tests/e2e/test_e2e.py. Visits Overview, Case evidence (an uploaded digit with its
-neighbours), Deletion requests (a preview), Audit log, Samples (the wrong ones) and Embeddings (both
+neighbours), Deletion requests (a preview), Audit log, Samples (the low-confidence ones) and Embeddings (both
 maps, a lasso selection with its thumbnails, then a hover image) and saves a full-page PNG of each.
 
 - PNGs go to a temporary folder, or to docs/screenshots/<page>.png when MUNKEY_SCREENSHOTS=1
@@ -136,7 +136,7 @@ def test_screenshots_of_every_page(server: str, screens_run: Path, shots_dir: Pa
         _shoot(page, shots_dir / "audit.png")
 
         _goto(page, "Samples", "Samples")
-        page.get_by_text("Wrong only").click()
+        page.get_by_text("Low confidence only").click()  # (a trained run gets almost no training sample wrong)
         idle(page)
         _shoot(page, shots_dir / "samples.png")
 
