@@ -384,7 +384,7 @@ class FidelityBench:
                 res = run_posthoc(method, vit.model, vit.to_input, forget, retain, num_classes=ds.num_classes,
                                   seed=seed, settings=chosen["chosen"])
                 add(method + TUNED, "T", vit_measure(res.model, vit.cfg.img_size), t_star, res.seconds,
-                    settings=settings_text(chosen["chosen"]), val_AvgGap=chosen["AvgGap"])
+                    settings=settings_text(res.details["settings"]), val_AvgGap=chosen["AvgGap"])
         atomic_write_json(path, {"tag": tag, "rows": rows})
         return rows
 
