@@ -6,6 +6,7 @@ test accuracy after the round and what the kept test images are predicted as. Th
 behind docs/results/unact_digits.md's diagnosis of the fifth request.
 
     python scripts/unact_sequential_trace.py RUN [--classes 0,2,3,5,8] [--rule default|no-guard|paper]
+        [--guard POINTS] [--backoff P] [--protect RATIO] [--margin IMAGES] [--quiet]
 """
 
 from __future__ import annotations
@@ -24,12 +25,28 @@ def main() -> None:
     ap.add_argument("run")
     ap.add_argument("--classes", default="0,2,3,5,8")
     ap.add_argument("--rule", choices=("default", "no-guard", "paper"), default="no-guard",
-                    help="default: the product's (retain guard); no-guard: the same without it; paper: all k rounds")
+                    help="default: the product's; no-guard: the default before the retain guard (stop at chance); "
+                         "paper: all k rounds")
+    ap.add_argument("--guard", type=float, default=None, help="retain guard, points (with --rule default: "
+                    "overrides the product's)")
+    ap.add_argument("--backoff", type=float, default=None, help="percentile after the guard's first undo (0 = none)")
+    ap.add_argument("--protect", type=float, default=None, help="spare units whose score for the class is at most "
+                    "this times their kept-class score")
+    ap.add_argument("--margin", type=float, default=None, help="'forgotten' stop: c's mean probability below "
+                    "n / (n + margin) x chance")
+    ap.add_argument("--quiet", action="store_true", help="only the line after each request")
     a = ap.parse_args()
     ed = ClassEditor(a.run, device="cpu")
     cfg = ed.default_config()
-    if a.rule != "default":
-        cfg = replace(cfg, guard=None, protect=None, backoff=None, stop="rounds" if a.rule == "paper" else cfg.stop)
+    if a.rule != "default":  # the default before the retain guard, or the paper's rule
+        cfg = replace(cfg, guard=None, protect=None, backoff=None, margin=0.0,
+                      stop="rounds" if a.rule == "paper" else cfg.stop)
+    over = {k: getattr(a, k) for k in ("guard", "protect", "margin") if getattr(a, k) is not None}
+    if a.backoff is not None:
+        over["backoff"] = a.backoff or None
+    cfg = replace(cfg, **over)
+    cfg.check()
+    print(cfg, flush=True)
     labels = ed.dataset.test.labels[ed.test_index]
     base_pred = ed.predict_test(ed.model)
     blocks = ed.model.vit.blocks
@@ -45,6 +62,8 @@ def main() -> None:
         kept = ~np.isin(labels, gone + [c])
 
         def on_round(info: RoundInfo, work) -> None:
+            if a.quiet:
+                return
             earlier = [u for u in info.selected if edited_by.get(u, set()) - {c}]
             per_group: dict[str, int] = {}
             for u in info.selected:
@@ -64,8 +83,8 @@ def main() -> None:
         kept, forgot = ~np.isin(labels, gone), np.isin(labels, gone)
         acc = lambda p, m: 100 * np.mean(p[m] == labels[m])  # noqa: E731
         print(f"== after request {len(gone)} (class {c}): {len(res.rounds)} rounds, stopped by "
-              f"{res.stop_reason or 'all rounds'}; Af (removed so far) {acc(pred, forgot):.2f}, Ar {acc(pred, kept):.2f} "
-              f"(original {acc(base_pred, kept):.2f})", flush=True)
+              f"{res.stop_reason or 'all rounds'}; Af (this class) {acc(pred, labels == c):.2f}, Af (removed so far) "
+              f"{acc(pred, forgot):.2f}, Ar {acc(pred, kept):.2f} (original {acc(base_pred, kept):.2f})", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ SSD_ALPHAS = (2.0, 5.0, 10.0, 20.0, 50.0)
 SSD_LAMBDAS = (0.5, 1.0)
 SSD_BATCHES = (64, 256)
 # the earlier MUNKEY design, kept as a comparison row: image pathway (null token), every block, no head
+# the default before the retain guard: stop once the request images give c less than chance, no guard
+EARLIER_DEFAULT = "keys+unact (inference path, stop at chance, no retain guard)"
 EARLIER = UnActConfig(99.0, 0.01, 20, "attribution")
 
 COLUMNS = ("section", "model", "method", "class", "n", "Af", "Ar", "Af_oracle", "Ar_oracle", "Delta", "seconds")
@@ -148,10 +150,10 @@ class UnactBench:
 
     def munkey_sections(self, ed: ClassEditor, bar: tqdm) -> None:
         cfg = self.munkey_cfg(ed)
-        bare = replace(cfg, guard=None, protect=None, backoff=None)  # the design before the retain guard
+        bare = replace(cfg, guard=None, protect=None, backoff=None, margin=0.0)  # the default before the guard
         rows = [("keys", "keys", None, None), ("mask (logit)", "mask", None, None),
                 ("unact (inference path)", "unact", cfg, None), ("keys+unact (inference path)", "keys+unact", cfg, None),
-                ("keys+unact (inference path, no retain guard)", "keys+unact", bare, None),
+                (EARLIER_DEFAULT, "keys+unact", bare, None),
                 ("keys+unact (image pathway, earlier design)", "keys+unact", EARLIER,
                  {"path": "image", "head": False, "blocks": len(ed.model.vit.blocks)})]
         for c in self.classes:
@@ -169,9 +171,9 @@ class UnactBench:
         """Key deletion + UnAct for the classes one after another on one model and one bank: the product
         default (retain guard), the same without the guard, and the paper's rule (all k rounds, no guard)."""
         default = self.munkey_cfg(ed)
-        bare = replace(default, guard=None, protect=None, backoff=None)
+        bare = replace(default, guard=None, protect=None, backoff=None, margin=0.0)
         rules = [("keys+unact (inference path)", default),
-                 ("keys+unact (inference path, no retain guard)", bare),
+                 (EARLIER_DEFAULT, bare),
                  ("keys+unact (paper's rule: all k rounds)", replace(bare, stop="rounds"))]
         labels = ed.dataset.test.labels[ed.test_index]
         base_pred = ed.predict_test(ed.model)
@@ -385,11 +387,13 @@ class UnactBench:
         if med is not None:
             c = self.munkey_cfg(med)
             self.lines += [f"UnAct on the MUNKEY backbone (the product default): p {c.p:g}, gamma {c.gamma:g}, k {c.k}, "
-                           f"stop: {c.stop}; scored along the inference path (each image with its K neighbours from "
-                           "the bank the request leaves, ensemble-weighted), MLP neurons of the last third of the "
-                           "blocks plus the classifier's inputs. The earlier design: p 99, k 20, image pathway (null "
-                           "token), every block, no classifier inputs. mask: the class's logit forced down "
-                           "(suppression only: the features, units, keys and exemplars all stay).", ""]
+                           f"stop: {c.stop} (c's mean probability below n / (n + {c.margin:g}) x chance), retain "
+                           f"guard {c.guard} points (backoff p {c.backoff}); scored along the inference path (each "
+                           "image with its K neighbours from the bank the request leaves, ensemble-weighted), MLP "
+                           "neurons of the last third of the blocks plus the classifier's inputs. The earlier design: "
+                           "p 99, k 20, image pathway (null token), every block, no classifier inputs. mask: the "
+                           "class's logit forced down (suppression only: the features, units, keys and exemplars all "
+                           "stay).", ""]
             self.table("munkey full class", "MUNKEY run: full class")
             self.per_class_table("munkey full class", "keys+unact (inference")
             self.table("munkey few-shot", "MUNKEY run: n = 5 images")

@@ -28,9 +28,12 @@ The pseudo-label c is the argmax of the *original* model's mean logits over the 
 caller names the class (`target`; class removal on a MUNKEY run passes the class the run predicts).
 
 Stopping: `stop="rounds"` runs the k rounds (the paper's rule); `stop="forgotten"` also stops as soon
-as no request image is predicted as c any more and c's mean probability over them is below chance
-(1 / classes) (each round's scoring pass gives those probabilities for free), which edits fewer units
-per request and keeps sequential requests from eating the layer.
+as no request image is predicted as c any more and c's mean probability over them is below
+n / (n + margin) times chance (1 / classes; n the request's images; margin 0 = chance, the rule for
+ResNets and ViTs). A margin asks a few images for more than a flip: with 5 images the request
+images stop giving c before the class's other images do (the MUNKEY default, margin 15: a quarter
+of chance at n = 5, 0.9 of it for a 125-image class). Each round's scoring pass gives those
+probabilities for free; stopping edits fewer units per request, which sequential requests need.
 
 Kept classes (`RetainProbe`, forward-only like the rest; both off in the paper's rule): a request
 may bring a small probe of images of the classes it must keep, with their labels, scored by a scope
@@ -90,6 +93,7 @@ class UnActConfig:
     protect: float | None = None  # spare units whose score for c is at most this times their kept-class one (probe)
     guard: float | None = None  # undo the round and stop once the probe's accuracy falls more than this (points)
     backoff: float | None = None  # after the guard's first undo, retry with this percentile before stopping
+    margin: float = 0.0         # "forgotten" needs c's mean probability below n / (n + margin) x chance (n images)
 
     def check(self) -> None:
         """Raise a clear MunkeyError for values outside their ranges."""
@@ -102,6 +106,8 @@ class UnActConfig:
             raise MunkeyError(f"k (rounds) must be a whole number >= 1 (got {self.k}).")
         if self.stop not in STOPS:
             raise MunkeyError(f"Unknown stopping rule '{self.stop}'; choose one of {', '.join(STOPS)}.")
+        if not (isinstance(self.margin, (int, float)) and float(self.margin) >= 0.0):
+            raise MunkeyError(f"margin must be a number of images >= 0 (got {self.margin}).")
         if self.protect is not None and not (isinstance(self.protect, (int, float)) and float(self.protect) >= 0.0):
             raise MunkeyError(f"protect must be a ratio >= 0 (got {self.protect}).")
         if self.guard is not None and not (isinstance(self.guard, (int, float)) and 0.0 <= float(self.guard) <= 100.0):
@@ -173,6 +179,11 @@ class RetainProbe:
     images: torch.Tensor   # (m, C, S, S)
     labels: np.ndarray     # (m,) their classes (never the forgotten one)
     ids: np.ndarray | None = None  # (m,) their sample ids, when they come from a run's data
+
+
+def forgotten_below(cfg: UnActConfig, n: int) -> float:
+    """The fraction of chance c's mean probability must fall below for `stop="forgotten"`: n / (n + margin)."""
+    return float(n) / (float(n) + float(cfg.margin))
 
 
 def select_units(scores: np.ndarray, p: float) -> np.ndarray:
@@ -435,7 +446,8 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
             if r > 1:
                 _, base_mean, probs = _mean_stats(scope, images)  # re-score the edited model
             still = float(np.mean(probs.argmax(axis=1) == target))
-            if r > 1 and cfg.stop == "forgotten" and still == 0.0 and probs[:, target].mean() < 1.0 / probs.shape[1]:
+            if (r > 1 and cfg.stop == "forgotten" and still == 0.0
+                    and probs[:, target].mean() < forgotten_below(cfg, len(images)) / probs.shape[1]):
                 result.stopped_early, result.stop_reason = True, "forgotten"
                 break
             scores = _scores(scope, base_mean, target)

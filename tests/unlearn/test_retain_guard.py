@@ -153,6 +153,7 @@ def test_protections_are_forward_only(tiny_classifier_runs, monkeypatch: pytest.
     (UnActConfig(guard=-1.0), "guard must be"), (UnActConfig(protect=-0.5), "protect must be"),
     (UnActConfig(p=90, guard=2.0, backoff=80.0), "backoff must be"),
     (UnActConfig(p=90, backoff=99.0), "backoff must be"),
+    (UnActConfig(margin=-1.0), "margin must be"),
 ])
 def test_bad_protection_settings_raise(cfg, message) -> None:
     with pytest.raises(MunkeyError, match=message):
