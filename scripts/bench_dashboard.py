@@ -101,10 +101,13 @@ def measure(bench: Bench, repeats: int, png: bytes) -> tuple[list[tuple[str, lis
 
     from munkey_core.service import MunkeyRun  # a deletion of 10 ids, then the Embeddings page again
 
+    from munkey_core.run.paths import RunPaths, read_forgotten
+
+    n_deleted = len(read_forgotten(RunPaths(bench.run_dir))["ids"]) + 10  # a run may come with deletions
     MunkeyRun(bench.run_dir, device="cpu").forget(bank_ids[::-97][:10], operator="bench", evaluate=False)
     t0 = time.perf_counter()
     at = bench.page("embeddings")
-    while len(at.get("plotly_chart")) < 2 or not any("10 of them deleted" in c.value for c in at.caption):
+    while len(at.get("plotly_chart")) < 2 or not any(f"{n_deleted} of them deleted" in c.value for c in at.caption):
         if at.error or time.perf_counter() - t0 > bench.timeout:
             raise RuntimeError("the maps were not computed: " + "; ".join(e.value for e in at.error))
         time.sleep(0.2)
@@ -138,6 +141,10 @@ def measure(bench: Bench, repeats: int, png: bytes) -> tuple[list[tuple[str, lis
         ids = bank_ids[8 * r:8 * r + 8]
         at.text_area(key="ids_text").input(", ".join(map(str, ids)))
         add("Deletion requests: preview 8 typed ids", bench.timed(at, at.run))
+        add("Samples: open page (filters, counts, thumbnails)",
+            bench.timed(at, lambda: at.switch_page("pages/samples.py").run()))
+        at.checkbox(key="browse_low").check()
+        add("Samples: tick Low confidence only", bench.timed(at, at.run))
         add("Audit log: open page", bench.timed(at, lambda: at.switch_page("pages/audit.py").run()))
         add("Class unlearning: open page",
             bench.timed(at, lambda: at.switch_page("pages/class_unlearning.py").run()))
@@ -152,6 +159,8 @@ def measure(bench: Bench, repeats: int, png: bytes) -> tuple[list[tuple[str, lis
         at.session_state["map_cls"] = {"selection": {"points": points, "point_indices": list(range(len(points))),
                                                      "box": [], "lasso": []}}
         add("Embeddings: lasso 60 points (thumbnails)", bench.timed(at, at.run))
+        at.get("button_group")[0].set_value("Images on hover")
+        add("Embeddings: pointer to Images on hover (a thumbnail per point)", bench.timed(at, at.run))
     return list(rows.items()), long_jobs
 
 
