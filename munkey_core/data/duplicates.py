@@ -205,9 +205,10 @@ def _ncc_grid(imgs: np.ndarray, ry: np.ndarray, rx: np.ndarray, q: np.ndarray) -
     s, g, t, k = ry.shape[1], ry.shape[2], rx.shape[1], rx.shape[2]
     y = np.clip(imgs @ rx.reshape(len(rx), 1, t * k, -1).transpose(0, 1, 3, 2), 0.0, 255.0)  # (M, C, H, T*k)
     z = np.clip(ry.reshape(len(ry), 1, s * g, -1) @ y, 0.0, 255.0).reshape(m, c, s, g, t, k)
-    dot = np.einsum("mcsgtk,cgk->mst", z, q, optimize=True)
-    total = z.sum(axis=(1, 3, 5))
-    sq = np.einsum("mcsgtk,mcsgtk->mst", z, z, optimize=True)
+    axes = (1, 3, 5)
+    dot = (z * q[None, :, None, :, None, :]).sum(axis=axes)
+    total = z.sum(axis=axes)
+    sq = np.square(z).sum(axis=axes)
     var = np.maximum(sq - total * total / (c * g * k), 1e-12)
     return dot / np.sqrt(var)
 
@@ -426,9 +427,9 @@ class NearDuplicateIndex:
             whole = self._whole_scores(image)
             shortlist.append(np.argpartition(-whole, k - 1)[:k])
         shortlist = np.concatenate(shortlist)
-        more = np.setdiff1d(shortlist, rows)
+        more = np.setdiff1d(shortlist, rows)  # scored by the alignment only (its moves include the whole image)
         rows = np.concatenate([rows, more])
-        plain = np.concatenate([plain, self.score(image, more)])
+        plain = np.concatenate([plain, np.full(len(more), -1.0, np.float32)])
         order = np.argsort(rows)
         rows, plain = rows[order], plain[order]
         aligned = np.full(len(rows), -1.0, np.float32)
