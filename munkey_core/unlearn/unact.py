@@ -124,7 +124,7 @@ class UnActConfig:
 
 @dataclass
 class RoundInfo:
-    round: int
+    round: int                   # 1, 2, ... over the rounds kept (a round the retain guard undid is not one)
     selected: list[int]          # unit indices dampened this round
     top_score: float             # the highest unit score before this round's edit
     seconds: float
@@ -479,8 +479,8 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
                     result.undone = [int(u) for u in units]
                     result.stopped_early, result.stop_reason = True, "retain guard"
                     break
-            info = RoundInfo(r, [int(u) for u in units], float(scores[units].max()), time.perf_counter() - tr, still,
-                             spared, accuracy)
+            info = RoundInfo(len(result.rounds) + 1, [int(u) for u in units], float(scores[units].max()),
+                             time.perf_counter() - tr, still, spared, accuracy)
             result.rounds.append(info)
             if on_round is not None:
                 tc = time.perf_counter()

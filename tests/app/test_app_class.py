@@ -102,3 +102,20 @@ def test_corrupt_upload_shows_an_error(tiny_run: Path, monkeypatch: pytest.Monke
     assert not at.exception
     assert "bad.png is not a readable image" in at.error[0].value
     assert at.button(key="class_run").disabled
+
+
+def test_the_retain_guard_message(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every image of class 0 on the tiny run: the retain guard stops the request (the next round would
+    cost the kept classes more than 2 points on their probe) and the page says the class is only
+    partly removed."""
+    at = _open(monkeypatch, tiny_run)
+    at.selectbox(key="class_pick").set_value(0)
+    at.number_input(key="class_n").set_value(0)
+    at.checkbox(key="class_compare").uncheck()
+    at.button(key="class_run").click().run()
+    _finish(at)
+    job = at.session_state["class_job"]
+    assert job.state == "done" and job.request.details["stop_reason"] == "retain guard"
+    assert job.request.details["probe_after"] >= job.request.details["probe_before"] - 2.0
+    shown = [w.value for w in at.warning]
+    assert any("retain guard stopped this request" in w and "only partly removed" in w for w in shown), shown
