@@ -47,10 +47,10 @@ from munkey_core.run.paths import RunPaths, check_new_run_dir, make_private
 from munkey_core.atomic import atomic_torch_save, atomic_write_json, read_json
 from munkey_core.model.predict import neighbour_weights
 from munkey_core.training.runs import retrain
-from munkey_core.unlearn.forwardcache import ForwardCache
+from munkey_core.unlearn.forwardcache import ForwardCache, prefix_ensemble_forward
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, reference_order, ssd_forget
 from munkey_core.unlearn.unact import (DEFAULTS, RetainProbe, RoundInfo, UnActConfig, munkey_ensemble_forward,
-                                       scope_for, unact)
+                                       scope_for, unact, vit_blocks)
 
 METHODS = ("unact", "ssd", "lfssd", "keys", "keys+unact", "mask")
 # UnAct on a MUNKEY backbone (along its inference path): p 90 (10 % of each group a round), gamma 0.01,
@@ -337,8 +337,12 @@ class ClassEditor:
                 b = self.run.bank if bank is None else bank
                 sims, found = b.search(keys, k, exclude=[[int(i)] for i in chosen])
                 values = b.values.to(found.device)[found].float()
-            forward = munkey_ensemble_forward(model, values, neighbour_weights(sims.float(), self.run.train_cfg.tau,
-                                                                               "ensemble"))
+            weights = neighbour_weights(sims.float(), self.run.train_cfg.tau, "ensemble")
+            depth = len(model.vit.blocks)
+            cut = depth - (vit_blocks(depth) if blocks is None else int(blocks))  # the first block UnAct edits
+            # the probe is re-run every round: what comes before the edited blocks is computed once
+            forward = (prefix_ensemble_forward(model, self.to_input(images), values, weights, cut)
+                       or munkey_ensemble_forward(model, values, weights))
         probe_scope = scope_for(model, forward=forward, score="attribution", blocks=blocks, head=head)
         return RetainProbe(probe_scope, self.to_input(images), tr.labels[rows_], chosen)
 

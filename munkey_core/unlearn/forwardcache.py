@@ -52,6 +52,53 @@ def _digest(*tensors: torch.Tensor | np.ndarray) -> str:
     return h.hexdigest()
 
 
+def prefix_of(model: nn.Module, x: torch.Tensor, v: torch.Tensor, cut: int) -> torch.Tensor:
+    """A MUNKEY ViT's residual stream entering block `cut`'s MLP (cut >= the block the exemplar token
+    joins at): x (B, C, S, S) images, v (B, Dv) exemplars -> (B, T, D)."""
+    shared = model.encode_image(model.embed_image(x))  # (B, 1+N, D)
+    h = torch.cat([shared, model.vit.norm_pre(model.exemplar_token(v))], dim=1)
+    for block in model.vit.blocks[model.inject_at:cut]:
+        h = block(h)
+    b = model.vit.blocks[cut]
+    return h + b.drop_path1(b.ls1(b.attn(b.norm1(h))))
+
+
+def suffix_of(model: nn.Module, h: torch.Tensor, cut: int, pre_logits: bool = False) -> torch.Tensor:
+    """From the prefix (B, T, D) to the logits (B, classes) or the [CLS] features (B, D) under `model`."""
+    blocks = model.vit.blocks
+    b = blocks[cut]
+    h = h + b.drop_path2(b.ls2(b.mlp(b.norm2(h))))
+    for block in blocks[cut + 1:]:
+        h = block(h)
+    return model.forward_head(model.vit.norm(h), pre_logits=pre_logits)
+
+
+def prefix_ensemble_forward(model: nn.Module, x: torch.Tensor, values: torch.Tensor, weights: torch.Tensor,
+                            cut: int, budget: int = PREFIX_BUDGET):
+    """unact.py `munkey_ensemble_forward` for a fixed set of images x (n, C, S, S), each with its K
+    exemplars values (n, K, Dv) and ensemble weights (n, K), whose model is edited only from block
+    `cut`'s MLP on (UnAct's scope; the retain probe of a class request, re-run every round): the part
+    before is computed once, here, and each call runs only the rest, with the model as it is then.
+    None when the exemplar token joins after `cut` or the stored part would exceed `budget` bytes."""
+    n, k = values.shape[:2]
+    tokens = model.vit.patch_embed.num_patches + 2
+    if cut < model.inject_at or n * k * tokens * model.cfg.embed_dim * 4 > budget:
+        return None
+    flat_v = values.reshape(n * k, -1).to(x.device)  # pair (image i, neighbour j) at i*K + j
+    parts = []
+    with torch.no_grad():
+        for s in range(0, n * k, _BATCH):
+            pairs = torch.arange(s, min(s + _BATCH, n * k))
+            parts.append(prefix_of(model, x[pairs // k], flat_v[pairs], cut))
+    pre = torch.cat(parts)  # (n*K, T, D)
+
+    def forward(_x: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        # one call (no chunks): the scope's hooks read each block's activations once per forward
+        logits = suffix_of(model, pre[rows.start * k:rows.stop * k], cut)
+        return logits, weights[rows].to(logits.device)
+    return forward
+
+
 class ForwardCache:
     """Reusable forwards of one split's images for a MUNKEY run whose model is never edited in place."""
 
@@ -95,25 +142,10 @@ class ForwardCache:
 
     # ----- the pieces of the forward --------------------------------------------------------------
     def _prefix_of(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The unedited model's residual stream entering block `cut`'s MLP: x (B, C, S, S) images, v (B, Dv)
-        exemplars -> (B, T, D)."""
-        m = self.model
-        shared = m.encode_image(m.embed_image(x))  # (B, 1+N, D)
-        h = torch.cat([shared, m.vit.norm_pre(m.exemplar_token(v))], dim=1)
-        for block in m.vit.blocks[m.inject_at:self.cut]:
-            h = block(h)
-        b = m.vit.blocks[self.cut]
-        return h + b.drop_path1(b.ls1(b.attn(b.norm1(h))))
+        """The unedited model's residual stream entering block `cut`'s MLP (module `prefix_of`)."""
+        return prefix_of(self.model, x, v, self.cut)
 
-    @staticmethod
-    def _suffix(model: nn.Module, h: torch.Tensor, cut: int, pre_logits: bool) -> torch.Tensor:
-        """From the prefix (B, T, D) to the logits (B, classes) or the [CLS] features (B, D) under `model`."""
-        blocks = model.vit.blocks
-        b = blocks[cut]
-        h = h + b.drop_path2(b.ls2(b.mlp(b.norm2(h))))
-        for block in blocks[cut + 1:]:
-            h = block(h)
-        return model.forward_head(model.vit.norm(h), pre_logits=pre_logits)
+    _suffix = staticmethod(suffix_of)
 
     # ----- the pair store -------------------------------------------------------------------------
     def _ensure_pairs(self, rows: np.ndarray, ids: np.ndarray, values: torch.Tensor) -> np.ndarray | None:

@@ -98,3 +98,39 @@ def test_over_the_budget_the_full_forward_runs(editor: ClassEditor) -> None:
     got = fw.probabilities(editor.model, editor.run.bank, INDEX[:10])
     _check(got, _reference(editor, editor.model, editor.run.bank, INDEX[:10]))
     assert fw.stats["full_runs"] == 1 and fw.stats["pairs_computed"] == 0
+
+
+def test_the_retain_probe_forward_reuses_the_unedited_part_and_equals_the_full_forward(editor: ClassEditor) -> None:
+    """The probe's forward (prefix once, then the edited blocks each round) gives the logits, weights and
+    per-unit statistics of the full inference-path forward, before and after an edit inside the scope."""
+    from munkey_core.model.predict import neighbour_weights
+    from munkey_core.unlearn.forwardcache import prefix_ensemble_forward
+    from munkey_core.unlearn.unact import munkey_ensemble_forward, scope_for, vit_blocks
+
+    run, model = editor.run, editor.working_copy()
+    train = run.dataset.train
+    rows = np.arange(0, 40, 2)
+    keys = torch.as_tensor(run.split_keys("train")[rows])
+    sims, found = run.bank.search(keys, run.train_cfg.k)
+    values = run.bank.values[found].float()
+    weights = neighbour_weights(sims.float(), run.train_cfg.tau, "ensemble")
+    x = run.to_input(train.images[rows])
+    depth = len(model.vit.blocks)
+    cut = depth - vit_blocks(depth)
+    cached = prefix_ensemble_forward(model, x, values, weights, cut)
+    assert cached is not None
+    full = munkey_ensemble_forward(model, values, weights)
+    with torch.no_grad():
+        for _ in range(2):  # unedited, then with scoped MLP units and classifier inputs dampened in place
+            for part in (slice(0, 20), slice(5, 12)):
+                got, w_got = cached(x[part], part)
+                want, w_want = full(x[part], part)
+                torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+                torch.testing.assert_close(w_got, w_want)
+                scope_c = scope_for(model, forward=cached, score="attribution", head=True)
+                scope_f = scope_for(model, forward=full, score="attribution", head=True)
+                for a, b in zip(scope_c.forward_stats(x[part], part), scope_f.forward_stats(x[part], part)):
+                    torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+            scope_for(model, head=True).dampen(torch.arange(0, scope_for(model, head=True).n_units, 7), 0.0)
+    assert prefix_ensemble_forward(model, x, values, weights, cut, budget=1000) is None  # over the budget
+    assert prefix_ensemble_forward(model, x, values, weights, model.inject_at - 1) is None
