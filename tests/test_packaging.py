@@ -21,7 +21,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 # Import names that only an extra provides (extra -> import names).
 # pandas is left out: the dashboard imports it, but medmnist (a core dependency) brings it anyway.
-EXTRA_ONLY = {"dashboard": ["streamlit", "plotly", "umap"], "bench": ["faiss"],
+EXTRA_ONLY = {"dashboard": ["streamlit", "plotly", "umap", "altair"], "bench": ["faiss"],
               "postgres": ["psycopg"], "elpv": ["elpv_dataset"], "test": ["pytest", "playwright", "rfc8785"]}
 # Import name -> distribution name, where they differ.
 DIST = {"PIL": "pillow", "sklearn": "scikit-learn", "umap": "umap-learn", "faiss": "faiss-cpu",

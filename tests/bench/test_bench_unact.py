@@ -42,4 +42,7 @@ def test_bench_unact_on_a_munkey_run_alone(tiny_run: Path, tmp_path: Path, capsy
         assert ("munkey full class", m) in methods
     assert ("munkey few-shot", "keys+unact (inference path)") in methods
     seq = [r for r in rows if r["section"] == "munkey sequential"]
-    assert [r["requests"] for r in seq] == ["1", "2"]
+    rules = list(dict.fromkeys(r["method"] for r in seq))  # the default, the unguarded rule, the paper's
+    assert len(rules) == 3 and rules[0] == "keys+unact (inference path)"
+    for rule in rules:
+        assert [r["requests"] for r in seq if r["method"] == rule] == ["1", "2"]

@@ -81,6 +81,9 @@ def test_unknown_ids_are_named_with_their_split(run: MunkeyRun) -> None:
 
 def test_the_copy_calibration_is_cached_in_the_run_and_a_deletion_purges_what_a_deleted_image_set(
         tiny_run: Path) -> None:
+    import shutil
+
+    shutil.rmtree(tiny_run / copycache.CACHE_DIR, ignore_errors=True)  # one another test left in the template
     run = MunkeyRun(tiny_run, device="cpu")
     index = trust.copy_index(run, calibrate=10)
     files = sorted((tiny_run / copycache.CACHE_DIR).glob("thresholds-*.json"))

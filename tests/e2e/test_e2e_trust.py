@@ -23,7 +23,8 @@ from _browser import ARGS, CHROMIUM, NO_CHROMIUM, idle, sign_in_as_operator, str
 sync_playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed "
                                       "(pip install playwright)").sync_playwright
 pytestmark = NO_CHROMIUM
-PAGES = [("Overview", "MUNKEY model"), ("Case evidence", "Case evidence"), ("Deletion requests", "Deletion requests"),
+PAGES = [("Overview", "MUNKEY model"), ("Case evidence", "Case evidence"), ("Samples", "Samples"),
+         ("Deletion requests", "Deletion requests"),
          ("Class unlearning", "Class unlearning"), ("Audit log", "Audit log"), ("Embeddings", "Embeddings")]
 BAD_WORDS = re.compile(r"\b(None|nan|NaN)\b")
 
