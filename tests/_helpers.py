@@ -108,3 +108,28 @@ def file_digests(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
 
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
             if p.is_file() and p.relative_to(root).parts[0] not in exclude}
+
+
+def forbid_autograd(monkeypatch) -> None:
+    """Make every way to compute a gradient raise (forward-only methods: UnAct and its protections)."""
+    import torch
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("UnAct must not call this")
+
+    monkeypatch.setattr(torch.Tensor, "backward", forbidden)
+    monkeypatch.setattr(torch.autograd, "backward", forbidden)
+    monkeypatch.setattr(torch.autograd, "grad", forbidden)
+    monkeypatch.setattr(torch.Tensor, "requires_grad_", forbidden)
+    monkeypatch.setattr(torch.nn.Module, "requires_grad_", forbidden)
+
+
+def assert_same_metrics(a: dict, b: dict, names) -> None:
+    """Two evaluations agree on `names`: floats to 1e-9, everything else exactly."""
+    import pytest
+
+    for name in names:
+        if isinstance(a[name], float):
+            assert a[name] == pytest.approx(b[name], abs=1e-9), name
+        else:
+            assert a[name] == b[name], name

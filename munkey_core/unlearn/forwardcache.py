@@ -140,13 +140,6 @@ class ForwardCache:
         return [n for n, t in named.items()
                 if self._base[n].shape != t.shape or not torch.equal(self._base[n], t.detach().to(self._base[n].device))]
 
-    # ----- the pieces of the forward --------------------------------------------------------------
-    def _prefix_of(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The unedited model's residual stream entering block `cut`'s MLP (module `prefix_of`)."""
-        return prefix_of(self.model, x, v, self.cut)
-
-    _suffix = staticmethod(suffix_of)
-
     # ----- the pair store -------------------------------------------------------------------------
     def _ensure_pairs(self, rows: np.ndarray, ids: np.ndarray, values: torch.Tensor) -> np.ndarray | None:
         """Store positions (n, K) of the pairs (rows[i], ids[i, j]) with exemplars values (n, K, Dv),
@@ -174,9 +167,9 @@ class ForwardCache:
                 part = need[s:s + _BATCH]
                 x = self.run.to_input(images[rows[part[:, 0]]])
                 v = values[torch.from_numpy(part[:, 0]), torch.from_numpy(part[:, 1])].to(x.device)
-                h = self._prefix_of(x, v)
+                h = prefix_of(self.model, x, v, self.cut)
                 new_prefix.append(h.float().cpu())
-                new_feats.append(self._suffix(self.model, h, self.cut, pre_logits=True).float().cpu())
+                new_feats.append(suffix_of(self.model, h, self.cut, pre_logits=True).float().cpu())
         start = len(self._feats)
         self._prefix = torch.cat(([] if self._prefix is None else [self._prefix]) + new_prefix)
         self._feats = torch.cat([self._feats] + new_feats)
@@ -232,7 +225,7 @@ class ForwardCache:
             logits = model.vit.head(self._feats[flat].to(device))
         else:
             self.stats["suffix_runs"] += 1
-            logits = torch.cat([self._suffix(model, self._prefix[flat[s:s + _BATCH]].to(device), self.cut,
+            logits = torch.cat([suffix_of(model, self._prefix[flat[s:s + _BATCH]].to(device), self.cut,
                                              pre_logits=False) for s in range(0, len(flat), _BATCH)])
         n, k = pos.shape
         w = neighbour_weights(sims.float().to(device), self.tau, "ensemble")  # (n, K)

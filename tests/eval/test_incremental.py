@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _helpers import assert_same_metrics
 from munkey_core.eval.evaluate import _first_in_order
 from munkey_core.service import MunkeyRun
 
@@ -22,11 +23,7 @@ def _direct(run: MunkeyRun, split: str, pathway: str = "both"):
 
 
 def _same_metrics(a: dict, b: dict) -> None:
-    for name in METRICS:
-        if isinstance(a[name], float):
-            assert a[name] == pytest.approx(b[name], abs=1e-9), name
-        else:
-            assert a[name] == b[name], name
+    assert_same_metrics(a, b, METRICS)
 
 
 def test_after_a_deletion_only_the_queries_that_retrieved_a_deleted_id_are_recomputed(tiny_run: Path) -> None:

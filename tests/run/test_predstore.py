@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 
+from _helpers import assert_same_metrics
 from munkey_core.run import predstore
 from munkey_core.run.lock import RunLock
 from munkey_core.run.rows import bank_ids
@@ -46,11 +46,7 @@ def _without_store(root: Path, dest: Path) -> Path:
 
 
 def _same(a: dict, b: dict) -> None:
-    for name in METRICS:
-        if isinstance(a[name], float):
-            assert a[name] == pytest.approx(b[name], abs=1e-9), name
-        else:
-            assert a[name] == b[name], name
+    assert_same_metrics(a, b, METRICS)
 
 
 def test_a_trained_run_keeps_its_predictions_and_a_fresh_process_reuses_them(tiny_run: Path, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from _helpers import forbid_autograd
 from munkey_core.errors import MunkeyError
 from munkey_core.model.predict import neighbour_weights
 from munkey_core.unlearn.classforget import ClassEditor
@@ -134,14 +135,7 @@ def test_protections_are_forward_only(tiny_classifier_runs, monkeypatch: pytest.
     probe = ed.retain_probe(model, 4, scope=scope)  # built first: it reads the training images
     x = ed.to_input(ed.class_images(4, 10))
 
-    def forbidden(*args, **kwargs):
-        raise AssertionError("UnAct must not call this")
-
-    monkeypatch.setattr(torch.Tensor, "backward", forbidden)
-    monkeypatch.setattr(torch.autograd, "backward", forbidden)
-    monkeypatch.setattr(torch.autograd, "grad", forbidden)
-    monkeypatch.setattr(torch.Tensor, "requires_grad_", forbidden)
-    monkeypatch.setattr(torch.nn.Module, "requires_grad_", forbidden)
+    forbid_autograd(monkeypatch)
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     res = unact(scope, x, UnActConfig(p=90, gamma=0.1, k=4, score="attribution", protect=0.5, guard=0.0,
                                       backoff=99.0), target=4, retain=probe)

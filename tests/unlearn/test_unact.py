@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from _helpers import forbid_autograd
 from munkey_core.unlearn.classforget import ClassEditor
 from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.unact import UnActConfig, ViTScope, scope_for, select_units, unact, vit_blocks
@@ -243,14 +244,11 @@ def test_unact_uses_forward_passes_only_and_reads_nothing_else(resnet_editor: Cl
         x = ed.to_input(ed.class_images(4, 10))
         jobs.append((ed.working_copy(), x))
 
+    forbid_autograd(monkeypatch)
+
     def forbidden(*args, **kwargs):
         raise AssertionError("UnAct must not call this")
 
-    monkeypatch.setattr(torch.Tensor, "backward", forbidden)
-    monkeypatch.setattr(torch.autograd, "backward", forbidden)
-    monkeypatch.setattr(torch.autograd, "grad", forbidden)
-    monkeypatch.setattr(torch.Tensor, "requires_grad_", forbidden)
-    monkeypatch.setattr(torch.nn.Module, "requires_grad_", forbidden)
     monkeypatch.setattr(builtins, "open", forbidden)
     monkeypatch.setattr(np, "load", forbidden)
     monkeypatch.setattr(torch, "load", forbidden)
