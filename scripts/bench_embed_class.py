@@ -98,7 +98,7 @@ def child_class(run_dir: str) -> dict:
         job.task()
         out[name] = time.perf_counter() - t0
         out[name.replace("_s", "_rows")] = [{k: r[k] for k in ("method", "Af", "Ar", "seconds")} for r in job.rows]
-        out[name.replace("_s", "_rounds")] = len(job.curve) - 1
+        out[name.replace("_s", "_rounds")] = job.request.details.get("rounds")
     return out
 
 

@@ -1,11 +1,11 @@
 """Class unlearning as a background job for the dashboard: per-round Af/Ar, comparisons, keep/discard.
 
 `ClassUnlearnJob` runs one request (UnAct, or class key deletion and UnAct on a MUNKEY run) off the
-UI thread. After every UnAct round it measures Af and Ar on a small stratified probe of the test
-split (`PROBE` images), so a page can draw the curve while the job runs; then it measures the
-request on the editor's full test set and, when asked, the comparison methods (SSD and LFSSD on a
-classifier run; key deletion alone and UnAct alone on a MUNKEY run; masking the class's logit on
-both) on the same images.
+UI thread. Before the first UnAct round, every `CURVE_EVERY` rounds and after the last, it measures Af
+and Ar on a small stratified probe of the test split (`PROBE` images), so a page can draw the curve
+while the job runs; then it measures the request on the editor's full test set and, when asked, the
+comparison methods (SSD and LFSSD on a classifier run; key deletion alone and UnAct alone on a MUNKEY
+run; masking the class's logit on both) on the same images.
 The edited model stays in memory until `keep` saves it as a new run (or the job is dropped).
 Tests: tests/app/test_app_class.py.
 """
@@ -28,6 +28,9 @@ from munkey_core.unlearn.unact import RoundInfo, UnActConfig
 # from the full test set once); each round runs the edited blocks on PROBE x K (image, exemplar) pairs,
 # so with the retain guard's 10-20 rounds this is most of a request's time (400 cost 2x the time)
 PROBE = 200
+# a curve point every 2nd round (and the last round's): the curve costs 1,600 pairs a point, more than the
+# retain guard's probe, and it draws the same trend; the request's edit and figures do not depend on it
+CURVE_EVERY = 2
 
 
 def probe_index(editor: ClassEditor) -> np.ndarray:
@@ -65,6 +68,7 @@ class ClassUnlearnJob(BackgroundJob):
     def reset(self) -> None:
         self.stage = "starting"
         self.curve: list[dict] = []           # {"round", "Af", "Ar"} on the probe images
+        self.rounds_done = 0
         self.request: ClassRequest | None = None
         self.model: torch.nn.Module | None = None
         self.bank: MemoryBank | None = None
@@ -75,9 +79,8 @@ class ClassUnlearnJob(BackgroundJob):
     def fraction(self) -> float:
         if self.state == "done":
             return 1.0
-        done_rounds = max(0, len(self.curve) - 1)
         share = 0.6 if self.compare else 0.9
-        return min(0.99, share * done_rounds / max(1, self.cfg.k))
+        return min(0.99, share * self.rounds_done / max(1, self.cfg.k))
 
     def _probe_point(self, round_no: int, model: torch.nn.Module, bank: MemoryBank | None, cls: int) -> None:
         ed = self.editor
@@ -98,9 +101,13 @@ class ClassUnlearnJob(BackgroundJob):
 
             def on_round(info: RoundInfo, model: torch.nn.Module) -> None:
                 self.stage = f"UnAct round {info.round} of {self.cfg.k}"
-                self._probe_point(info.round, model, bank, cls)
+                self.rounds_done = info.round
+                if info.round % CURVE_EVERY == 0:
+                    self._probe_point(info.round, model, bank, cls)
 
             req, model, bank_out = ed.request(self.method, self.images, cls=cls, cfg=self.cfg, on_round=on_round)
+            if self.rounds_done > self.curve[-1]["round"]:  # the curve ends at the edit the request made
+                self._probe_point(self.rounds_done, model, bank, cls)
         else:
             self.stage = f"{self.method}"
             req, model, bank_out = ed.request(self.method, self.images, cls=cls, cfg=self.cfg)

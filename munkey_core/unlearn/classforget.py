@@ -291,7 +291,11 @@ class ClassEditor:
         forward = None
         if self.kind == "munkey" and path == "inference":
             values, weights = self.neighbours(images_u8, bank)
-            forward = munkey_ensemble_forward(work, values, weights)
+            depth = len(work.vit.blocks)
+            cut = depth - (vit_blocks(depth) if blocks is None else int(blocks))  # the first block UnAct edits
+            # the request's images are re-scored every round: what comes before the edited blocks, once
+            forward = (prefix_ensemble_forward(work, self.to_input(images_u8), values, weights, cut)
+                       or munkey_ensemble_forward(work, values, weights))
         scope = scope_for(work, forward=forward, score=cfg.score, blocks=blocks, head=head)
         callback = None if on_round is None else (lambda info: on_round(info, work))
         probe = None

@@ -64,12 +64,26 @@ def prefix_of(model: nn.Module, x: torch.Tensor, v: torch.Tensor, cut: int) -> t
 
 
 def suffix_of(model: nn.Module, h: torch.Tensor, cut: int, pre_logits: bool = False) -> torch.Tensor:
-    """From the prefix (B, T, D) to the logits (B, classes) or the [CLS] features (B, D) under `model`."""
+    """From the prefix (B, T, D) to the logits (B, classes) or the [CLS] features (B, D) under `model`.
+
+    The head reads only the [CLS] token (global_pool "token"), so after the last block's attention
+    (which reads every token) only the [CLS] row goes on: the last MLP runs on B rows, not B*T. The
+    same operations on the same rows as the whole block, so the same numbers (a test checks equality)."""
     blocks = model.vit.blocks
+    last = len(blocks) - 1
+    # the head reads the [CLS] row only
+    token = getattr(model.vit, "global_pool", None) == "token" and getattr(model.vit, "attn_pool", None) is None
     b = blocks[cut]
+    if token and cut == last:
+        h = h[:, :1]
     h = h + b.drop_path2(b.ls2(b.mlp(b.norm2(h))))
-    for block in blocks[cut + 1:]:
-        h = block(h)
+    for j in range(cut + 1, len(blocks)):
+        b = blocks[j]
+        if token and j == last:  # attention reads every token; what follows it, the [CLS] row only (B, 1, D)
+            h = h[:, :1] + b.drop_path1(b.ls1(b.attn(b.norm1(h))[:, :1]))
+            h = h + b.drop_path2(b.ls2(b.mlp(b.norm2(h))))
+        else:
+            h = b(h)
     return model.forward_head(model.vit.norm(h), pre_logits=pre_logits)
 
 

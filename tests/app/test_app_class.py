@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from munkey_core.dashboard.classforget_job import CURVE_EVERY
 from munkey_core.run.rows import load_bank
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
@@ -53,7 +54,9 @@ def test_munkey_run_keys_and_unact_with_keep(tiny_run: Path, monkeypatch: pytest
     job = at.session_state["class_job"]
     assert job.state == "done" and job.request.cls == 3 and job.request.method == "keys+unact"
     rounds = job.request.details["rounds"]  # at most k = 3: the MUNKEY default stops once the class is gone
-    assert 1 <= rounds <= 3 and [p["round"] for p in job.curve] == list(range(rounds + 1))
+    # the curve: before the first round, every CURVE_EVERY-th round, and the request's last round
+    want = sorted({0, rounds} | set(range(CURVE_EVERY, rounds + 1, CURVE_EVERY)))
+    assert 1 <= rounds <= 3 and [p["round"] for p in job.curve] == want
     assert {r["method"] for r in job.rows} == {"keys+unact", "keys", "unact", "mask"}
     metrics = {m.label: m.value for m in at.metric}
     assert "Af (forgotten class)" in metrics and metrics["Delta vs the class oracle"] == "no oracle"

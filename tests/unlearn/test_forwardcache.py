@@ -134,3 +134,61 @@ def test_the_retain_probe_forward_reuses_the_unedited_part_and_equals_the_full_f
             scope_for(model, head=True).dampen(torch.arange(0, scope_for(model, head=True).n_units, 7), 0.0)
     assert prefix_ensemble_forward(model, x, values, weights, cut, budget=1000) is None  # over the budget
     assert prefix_ensemble_forward(model, x, values, weights, model.inject_at - 1) is None
+
+
+def _whole_blocks(model, h: torch.Tensor, cut: int, pre_logits: bool) -> torch.Tensor:
+    """The reference: block `cut`'s MLP, then every later block whole on every token (timm's Block)."""
+    b = model.vit.blocks[cut]
+    h = h + b.drop_path2(b.ls2(b.mlp(b.norm2(h))))
+    for block in model.vit.blocks[cut + 1:]:
+        h = block(h)
+    return model.vit.forward_head(model.vit.norm(h), pre_logits=pre_logits)
+
+
+def test_the_suffix_on_the_cls_row_equals_the_whole_blocks_bit_for_bit(editor: ClassEditor) -> None:
+    """suffix_of runs the last block's MLP on the [CLS] row only (what the head reads): the logits and
+    features must be the same numbers as the whole blocks give, edited or not, for every cut UnAct uses,
+    or a request would edit other units than before."""
+    from munkey_core.unlearn.forwardcache import prefix_of, suffix_of
+    from munkey_core.unlearn.unact import scope_for
+
+    run, model = editor.run, editor.working_copy()
+    rows = np.arange(0, 60)
+    keys = torch.as_tensor(run.split_keys("test")[rows])
+    _, found = run.bank.search(keys, run.train_cfg.k)
+    v = run.bank.values[found].float().reshape(len(rows) * run.train_cfg.k, -1)
+    x = run.to_input(run.dataset.test.images[rows]).repeat_interleave(run.train_cfg.k, dim=0)
+    depth = len(model.vit.blocks)
+    assert depth >= 2
+    with torch.no_grad():
+        for edited in (False, True):
+            if edited:
+                scope = scope_for(model, head=True)
+                scope.dampen(torch.arange(0, scope.n_units, 5), 0.01)
+            for cut in sorted({model.inject_at, depth - 2, depth - 1}):
+                h = prefix_of(model, x, v, cut)
+                for pre in (False, True):
+                    got, want = suffix_of(model, h, cut, pre_logits=pre), _whole_blocks(model, h, cut, pre)
+                    assert got.shape == want.shape and torch.equal(got, want), (edited, cut, pre)
+
+
+def test_a_requests_images_score_the_same_with_the_prefix_computed_once(editor: ClassEditor) -> None:
+    """run_unact scores the request's images each round from a prefix computed once: logits and unit
+    statistics equal the full inference-path forward's bit for bit, before and after an edit in the
+    scope, so the units a request selects do not change."""
+    from munkey_core.unlearn.forwardcache import prefix_ensemble_forward
+    from munkey_core.unlearn.unact import munkey_ensemble_forward, scope_for, vit_blocks
+
+    model = editor.working_copy()
+    images = editor.class_images(4, 5)
+    values, weights = editor.neighbours(images)
+    x = editor.to_input(images)
+    depth = len(model.vit.blocks)
+    cached = prefix_ensemble_forward(model, x, values, weights, depth - vit_blocks(depth))
+    full = munkey_ensemble_forward(model, values, weights)
+    with torch.no_grad():
+        for _ in range(2):  # unedited, then with scoped units dampened in place
+            a = scope_for(model, forward=cached, score="attribution", head=True).forward_stats(x, slice(0, len(x)))
+            b = scope_for(model, forward=full, score="attribution", head=True).forward_stats(x, slice(0, len(x)))
+            assert all(torch.equal(p, q) for p, q in zip(a, b))
+            scope_for(model, head=True).dampen(torch.arange(0, scope_for(model, head=True).n_units, 7), 0.01)
