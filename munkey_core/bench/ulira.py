@@ -6,7 +6,8 @@ per family (MUNKEY; the plain ViT of the same backbone and recipe):
    complementary random halves of the training split (pairs), so every target is in half of them;
    each shadow has its own training seed;
 2. from each shadow the targets it trained on are unlearned: MUNKEY by deleting their keys, the ViT
-   by each post-hoc method asked for (--methods, on the shadow's own retain set); "no unlearning"
+   by each post-hoc method asked for (--methods, on the shadow's own retain set, with its defaults or the
+   settings given by --settings, e.g. those `munkey bench fidelity --tune` chose); "no unlearning"
    keeps the shadow as trained (the positive control: the attack must see membership there);
 3. per target and shadow, the statistic is the logit-scaled confidence on its true class, and the
    likelihood-ratio test of eval/ulira.py asks, leaving each shadow out in turn, whether it looks
@@ -38,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--targets", type=int, default=100, help="target examples (default 100)")
     p.add_argument("--methods", default="neggrad+,amnesiac",
                    help="post-hoc methods on the plain ViT shadows ('' = MUNKEY only; default neggrad+,amnesiac)")
+    p.add_argument("--settings", action="append", default=[], metavar="'METHOD:NAME=VALUE ...'",
+                   help="settings of one post-hoc method over its defaults, as the fidelity table prints a tuned "
+                        "method's (e.g. 'neggrad+:epochs=5 lr=0.0005 beta=0.95'); repeat for several methods")
     p.add_argument("--seed", type=int, default=0, help="seed of the data split, targets and halves (default 0)")
     p.add_argument("--variance", default="global", choices=["global", "per-example"],
                    help="Gaussian variance of the likelihood ratio: pooled over targets (default) or per target")

@@ -18,7 +18,7 @@ from munkey_core.atomic import atomic_write_json, read_json
 
 NONE = "no unlearning (positive control)"
 KEY_DELETION = "MUNKEY key deletion"
-COLUMNS = ("family", "method", "accuracy", "accuracy_lo", "accuracy_hi", "AUC", "AUC_lo", "AUC_hi",
+COLUMNS = ("family", "method", "settings", "accuracy", "accuracy_lo", "accuracy_hi", "AUC", "AUC_lo", "AUC_hi",
            "TPR@1%", "TPR@1%_lo", "TPR@1%_hi", "TPR@0.1%", "TPR@0.1%_lo", "TPR@0.1%_hi", "shadows", "targets",
            "pairs_unlearned", "pairs_retrained")
 
@@ -39,6 +39,15 @@ class UliraBench:
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise MunkeyError(f"Unknown method(s) {bad}; choose from: {', '.join(METHODS)}.")
+        from munkey_core.unlearn.tuning import parse_settings
+
+        self.settings: dict[str, dict] = {}  # method -> settings given with --settings (over its defaults)
+        for text in getattr(args, "settings", None) or []:
+            method, given = parse_settings(text)
+            if method not in self.methods:
+                raise MunkeyError(f"--settings names {method}, which is not among --methods ({args.methods!r}); "
+                                  "add it there or drop its settings.")
+            self.settings[method] = {**self.settings.get(method, {}), **given}
         name = f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}_seed{args.seed}_t{args.targets}"
         self.work = Path(args.work) / name
         # each family's shadows are cached under its own recipe: changing one family's options keeps the other's
@@ -125,14 +134,17 @@ class UliraBench:
 
         for method in self.methods:
             r = run_posthoc(method, model, to_input, (tr.images[forget_rows], tr.labels[forget_rows]),
-                            (tr.images[retain_rows], tr.labels[retain_rows]), num_classes=ds.num_classes, seed=seed)
+                            (tr.images[retain_rows], tr.labels[retain_rows]), num_classes=ds.num_classes, seed=seed,
+                            settings=self.settings.get(method))
             out[method] = classifier_probs(r.model, tr.images[targets], cfg.img_size)
         return out
 
     def _shadow(self, family: str, s: int, ds, keys, rows, targets) -> dict:
         """Cached outputs of shadow `s` of `family`: method -> probabilities (T, C)."""
         path = self.folders[family] / f"shadow_{s:03d}.json"
-        tag = {"methods": self.methods if family == "vit" else [], "targets": targets.tolist(), "rows": len(rows)}
+        tag = {"methods": self.methods if family == "vit" else [], "targets": targets.tolist(), "rows": len(rows),
+               # given settings change what the ViT shadows hold (no key without them: earlier caches stay valid)
+               **({"settings": self.settings} if family == "vit" and self.settings else {})}
         if path.exists() and read_json(path).get("tag") == tag:
             cached = read_json(path)
             if cached.get("accuracy"):
@@ -169,12 +181,22 @@ class UliraBench:
                 obs = np.stack([logit_confidence(o[method], labels) for o in outs])  # (S, T)
                 rep = ulira_report(method, ulira_scores(obs, unlearned, variance=a.variance), unlearned, seed=a.seed)
                 row = {"family": "MUNKEY" if family == "munkey" else "plain ViT", "method": method,
+                       "settings": self._settings_text(method),
                        "shadows": rep.n_shadows, "targets": rep.n_targets,
                        "pairs_unlearned": rep.n_pairs_unlearned, "pairs_retrained": rep.n_pairs_retrained}
                 for k, v in rep.values.items():
                     row[k], (row[f"{k}_lo"], row[f"{k}_hi"]) = v, rep.ci[k]
                 rows.append(row)
         return rows
+
+    def _settings_text(self, method: str) -> str:
+        """The settings a post-hoc method ran with ('' for the control and MUNKEY's key deletion)."""
+        from munkey_core.unlearn.posthoc import method_settings
+        from munkey_core.unlearn.tuning import settings_text
+
+        if method not in self.methods:
+            return ""
+        return settings_text(method_settings(method, self.settings.get(method)))
 
     def table(self, rows: list[dict], wall: float) -> str:
         a = self.args
@@ -200,9 +222,12 @@ class UliraBench:
                            f"{np.mean([x['train'] for x in acc]):.1f}%, test accuracy {np.mean([x['test'] for x in acc]):.1f}% "
                            f"(mean of {len(acc)})." for fam, acc in self.accuracy.items() if fam == "vit" and acc), "",
                  "Command: `munkey " + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "`", "",
-                 "| family | method | accuracy | AUC | TPR@1% FPR | TPR@0.1% FPR |", "|---|---|---|---|---|---|"]
+                 "| family | method | settings | accuracy | AUC | TPR@1% FPR | TPR@0.1% FPR |",
+                 "|---|---|---|---|---|---|---|"]
         for r in rows:
-            lines.append(f"| {r['family']} | {r['method']} | " + " | ".join(
+            settings = (r["settings"] + (" (--settings)" if r["method"] in self.settings else " (defaults)")
+                        if r["settings"] else "")
+            lines.append(f"| {r['family']} | {r['method']} | {settings} | " + " | ".join(
                 cell(r, k) for k in ("accuracy", "AUC", "TPR@1%", "TPR@0.1%")) + " |")
         return "\n".join(lines) + "\n"
 

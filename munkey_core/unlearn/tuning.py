@@ -31,7 +31,7 @@ from munkey_core.eval.metrics import MIA_CHEAP
 from munkey_core.eval.oracles import classifier_scorer, eval_sets, forget_tag, gaps, measure, train_oracle
 from munkey_core.eval.selection import ValidationView
 from munkey_core.run.loaded import ClassifierRun
-from munkey_core.unlearn.posthoc import METHODS, method_settings, run_posthoc
+from munkey_core.unlearn.posthoc import DEFAULTS, METHODS, method_settings, run_posthoc
 
 _VAL_SEED_STEP = 7907  # the validation split of seed s is drawn with seed s + 7907 (never a forget set's draw)
 
@@ -56,6 +56,28 @@ GRIDS: dict[str, list[dict]] = {
 def settings_text(settings: dict) -> str:
     """`epochs=3 lr=0.0005 beta=0.95`: a method's settings in one short line."""
     return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in settings.items())
+
+
+def parse_settings(text: str) -> tuple[str, dict]:
+    """`neggrad+:epochs=5 lr=0.0005 beta=0.95` (commas also separate) -> ("neggrad+", {...}): the form the
+    fidelity table prints a tuned method's settings in, so a chosen setting can be handed to another bench.
+    Each value takes the type of the method's default (an epoch count must be a whole number)."""
+    method, sep, body = text.partition(":")
+    method = method.strip()
+    if not sep or method not in METHODS:
+        raise MunkeyError(f"Settings are written METHOD:NAME=VALUE ... with METHOD one of {', '.join(METHODS)} "
+                          f"(e.g. 'neggrad+:epochs=5 lr=0.0005 beta=0.95'); got {text!r}.")
+    out: dict = {}
+    for item in body.replace(",", " ").split():
+        name, eq, value = item.partition("=")
+        if not eq or name not in DEFAULTS[method]:
+            raise MunkeyError(f"{method} takes {', '.join(f'{k}=VALUE' for k in DEFAULTS[method])}; got {item!r}.")
+        try:
+            out[name] = type(DEFAULTS[method][name])(value)
+        except ValueError:
+            kind = "a whole number" if isinstance(DEFAULTS[method][name], int) else "a number"
+            raise MunkeyError(f"{method}'s {name} must be {kind}; got {value!r}.") from None
+    return method, out
 
 
 def validation_forget_ids(train_ids: np.ndarray, forget_ids: Sequence[int], seed: int) -> list[int]:

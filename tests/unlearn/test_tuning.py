@@ -15,11 +15,11 @@ import pytest
 from munkey_core.data.datasets import Split
 from munkey_core.data.sampling import random_ids
 from munkey_core.errors import MunkeyError
-from munkey_core.unlearn.tuning import GRIDS, settings_text, tune_posthoc, validation_forget_ids
+from munkey_core.unlearn.tuning import GRIDS, parse_settings, settings_text, tune_posthoc, validation_forget_ids
 from munkey_core.model.classifiers import predict_labels
 from munkey_core.run.loaded import ClassifierRun
 from munkey_core.training.classifier import train_classifier_run
-from munkey_core.unlearn.posthoc import run_posthoc
+from munkey_core.unlearn.posthoc import DEFAULTS, run_posthoc
 
 # small grids: enough points for the choice to matter, seconds on the tiny profile
 SMALL = {
@@ -108,3 +108,19 @@ def test_bad_grids_and_splits_are_refused(tuned) -> None:
     with pytest.raises(MunkeyError, match="validation forget split"):
         validation_forget_ids(ds.train.ids, ds.train.ids[: len(ds.train) // 2 + 1].tolist(), 0)
     assert all(GRIDS[m] for m in ("neggrad+", "scrub", "ssd", "amnesiac"))
+
+
+def test_settings_text_reads_back_for_every_grid_point() -> None:
+    """What the fidelity table prints for a tuned method is what `--settings` of another bench accepts."""
+    for method, grid in GRIDS.items():
+        for point in grid:
+            name, parsed = parse_settings(f"{method}:{settings_text(point)}")
+            assert name == method and parsed == point
+            assert [type(v) for v in parsed.values()] == [type(DEFAULTS[method][k]) for k in parsed]
+    assert parse_settings("neggrad+:epochs=5,lr=5e-4") == ("neggrad+", {"epochs": 5, "lr": 0.0005})
+    assert parse_settings("ssd:") == ("ssd", {})
+    for bad, says in (("neggrad+ epochs=5", "METHOD:NAME=VALUE"), ("sgd:lr=1", "METHOD:NAME=VALUE"),
+                      ("scrub:beta=0.9", "scrub takes"), ("amnesiac:epochs=1.5", "whole number"),
+                      ("ssd:alpha=high", "a number")):
+        with pytest.raises(MunkeyError, match=says):
+            parse_settings(bad)
