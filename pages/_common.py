@@ -4,6 +4,7 @@ showing user errors. Layout helpers only; what is shown comes from munkey_core."
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from pathlib import Path
 
@@ -242,15 +243,25 @@ def grid_filter(key: str, ids: Sequence[int], labels: Sequence[int], class_names
 
 
 @st.cache_resource(max_entries=2, show_spinner="Indexing the training images for copy search (once per run)...")
-def _copy_index(path: str, train_size: int):
+def _pixel_index(path: str, train_size: int):
+    from munkey_core.run.copycache import pixel_index
+
+    return pixel_index(get_run())
+
+
+@st.cache_resource(max_entries=1, show_spinner="Bringing the copy search's thresholds up to date...")
+def _copy_index(path: str, train_size: int, deleted: str):
     from munkey_core.dashboard.trust import copy_index
 
-    return copy_index(get_run())
+    return copy_index(get_run(), index=_pixel_index(path, train_size))
 
 
 def copy_index_for(run: MunkeyRun):
-    """The run's near-duplicate index (trust.copy_index), built and calibrated once per run."""
-    return _copy_index(str(run.paths.root), len(run.dataset.train))
+    """The run's near-duplicate index (trust.copy_index) with thresholds for its current deleted ids: a
+    deletion (here or in another process) makes the next call re-derive them without the deleted images
+    (run/copycache.py); the previous ones are not kept. The image index itself is built once per run."""
+    deleted = hashlib.sha256(repr(sorted(run.forgotten_ids)).encode()).hexdigest()[:16]
+    return _copy_index(str(run.paths.root), len(run.dataset.train), deleted)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)

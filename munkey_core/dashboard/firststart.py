@@ -94,7 +94,7 @@ class TrainingJob(BackgroundJob):
             return "The demo model is not training" + (f": {self.error}" if self.error else ".")
         left = self.seconds_left
         secs = None if left is None else int(round(left))
-        eta = ("writing the run and evaluating it once" if self.epoch >= self.epochs else
+        eta = ("writing the run, evaluating it once and calibrating the copy search" if self.epoch >= self.epochs else
                "time left known after the second epoch" if secs is None else
                f"about {secs // 60} min {secs % 60:02d} s left")
         return (f"The demo model is training: {100 * self.fraction:.0f}% ({self.stage}) · {eta} "

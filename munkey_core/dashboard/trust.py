@@ -8,24 +8,23 @@
   training cases show ("6 of 8 similar training cases are 5s"), warns when they are far or
   disagree, and abstains from a confident answer then.
 
-Costs: `copy_index` is one pass over the training images plus, the first time, a calibration of
-~400 validation searches (then cached in the run: run/copycache.py); `similarity_calibration` is one bank search of <= 1,000
+Costs: `copy_index` (run/copycache.py) is one pass over the training images; its calibration is made
+with the run (service.train_run) and cached in it; `similarity_calibration` is one bank search of <= 1,000
 validation keys. Tests: tests/dashboard/test_trust.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from munkey_core.data.duplicates import METHOD, NearDuplicateIndex
+from munkey_core.data.duplicates import NearDuplicateIndex
 from munkey_core.errors import MunkeyError
 from munkey_core.model.predict import Predictions
-from munkey_core.run.copycache import read_thresholds, write_thresholds
+from munkey_core.run.copycache import copy_index  # noqa: F401  (the run's calibrated index; re-exported for the pages)
 from munkey_core.service import MunkeyRun
 
 KEY_CANDIDATES = 20  # key-encoder neighbours added to the pixel search's candidates (they survive crops)
@@ -33,33 +32,6 @@ OOD_QUANTILE = 0.01
 
 
 # --------------------------------------------------------------------------- copies of training images
-
-
-def copy_index(run: MunkeyRun, *, calibrate: int = 100, seed: int = 0) -> NearDuplicateIndex:
-    """The near-duplicate index of the run's whole training split (deleted samples too: the dataset
-    still holds them, and an upload may be a copy of one), its thresholds calibrated on validation
-    images without the deleted samples, and cached in the run (run/copycache.py) for the next time."""
-    train = run.dataset.train
-    index = NearDuplicateIndex(train.images, train.ids)
-    try:
-        val = run.dataset.split("val")
-    except MunkeyError:
-        val = run.dataset.test
-    if len(val) == 0:
-        val = run.dataset.test
-    digest = hashlib.sha256()
-    for part in (METHOD, run.dataset.name, calibrate, seed, train.images.shape):
-        digest.update(repr(part).encode())
-    digest.update(np.ascontiguousarray(train.ids).tobytes())
-    digest.update(np.ascontiguousarray(val.ids).tobytes())
-    key = digest.hexdigest()[:16]
-    cached = read_thresholds(run.paths.root, key)
-    if cached is not None:
-        index.set_calibration(cached)
-        return index
-    index.calibrate(val.images, n=calibrate, seed=seed, exclude=run.forgotten_ids)
-    write_thresholds(run.paths.root, key, index.calibration or {}, run.runlock)
-    return index
 
 
 def _key_rows(run: MunkeyRun, index: NearDuplicateIndex, images: Sequence[np.ndarray]) -> list[list[int]]:
@@ -74,15 +46,20 @@ def _key_rows(run: MunkeyRun, index: NearDuplicateIndex, images: Sequence[np.nda
 def find_copies(run: MunkeyRun, index: NearDuplicateIndex, images: Sequence[np.ndarray], *,
                 top: int = 5) -> list[dict]:
     """For each upload: `copy_verdict` of its best matches (pixel search at native resolution; the
-    key encoder's neighbours are added as candidates)."""
+    key encoder's neighbours are added as candidates). A deleted sample is named only when the upload
+    is a copy of it (its sender holds that picture: the verdict says it was deleted); it is never
+    shown or named as a look-alike of another upload."""
     if len(images) == 0:
         return []
     extra = _key_rows(run, index, images)
     names = run.class_names
     in_bank = set(int(i) for i in run.bank.ids)
+    deleted = min(len(index) - len(in_bank), 50)  # deleted rows that may come first, left out below
     out = []
     for img, rows in zip(images, extra):
-        matches = index.search(img, top=top, extra_rows=rows)
+        matches = index.search(img, top=top + max(deleted, 0), extra_rows=rows)
+        matches = [m for j, m in enumerate(matches)
+                   if m.id in in_bank or (j == 0 and m.score >= index.threshold)][:top]
         labels = run.dataset.lookup([m.id for m in matches]).labels if matches else []
         hits = [{"id": m.id, "score": m.score, "label": int(lab), "label_name": names[int(lab)],
                  "in_bank": m.id in in_bank} for m, lab in zip(matches, labels)]

@@ -5,7 +5,8 @@
 - lock.py: the inter-process run lock and the crash-point test hook.
 - mapcache.py: the Embeddings maps cached in the run (embeddings/): derived data a deletion purges.
 - tags.py: sample tags and saved grid views in the run (tags.json): data about samples a deletion purges.
-- copycache.py: the copy search's thresholds cached in the run (duplicates/): derived data a deletion purges.
+- copycache.py: the copy search's calibration kept in the run (duplicates/), `copy_index`: derived data a
+  deletion purges by id; brought up to date by searching again only what a deleted image scored.
 - predcache.py: predictions of dataset rows kept per bank state; a deletion drops only those it can change.
 - predstore.py: those predictions kept in the run (predictions/), so a fresh process starts warm;
   derived data a deletion purges.

@@ -19,8 +19,9 @@
     tags.json         sample tags and saved grid views (run/tags.py; a deletion removes its ids from it)
     predictions/      preds-<key>.npz: dataset-row predictions of the current bank (derived data; a
                       deletion removes its ids' rows and the rows that retrieved them, run/predstore.py)
-    duplicates/       thresholds-<key>.json: the copy search's calibrated thresholds (derived data, plain
-                      numbers; a deletion removes a file a deleted image helped set, run/copycache.py)
+    duplicates/       thresholds-<key>.json: the copy search's calibration, made with the run (derived data:
+                      per validation query its best look-alike's id and score; a deletion removes the
+                      records naming its ids, and the thresholds, run/copycache.py)
     .lock             the inter-process lock file (flock; run/lock.py)
     .deletion.lock    held by a deletion request from start to end (requests queue on it)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -11,7 +10,6 @@ import pytest
 from PIL import Image
 
 from munkey_core.dashboard import trust, views
-from munkey_core.run import copycache
 from munkey_core.service import MunkeyRun
 
 
@@ -24,7 +22,7 @@ def run(tiny_run_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Mu
 
 @pytest.fixture(scope="module")
 def index(run: MunkeyRun):
-    return trust.copy_index(run, calibrate=30)
+    return trust.copy_index(run)  # the calibration made with the run (service.train_run)
 
 
 def _enlarged(img: np.ndarray, side: int) -> np.ndarray:
@@ -79,32 +77,23 @@ def test_unknown_ids_are_named_with_their_split(run: MunkeyRun) -> None:
     assert f"{10**9} is not a sample" in msg
 
 
-def test_the_copy_calibration_is_cached_in_the_run_and_a_deletion_purges_what_a_deleted_image_set(
-        tiny_run: Path) -> None:
-    import shutil
-
-    shutil.rmtree(tiny_run / copycache.CACHE_DIR, ignore_errors=True)  # one another test left in the template
+def test_a_deleted_image_is_named_only_to_the_sender_of_its_own_copy(tiny_run: Path) -> None:
+    """After a deletion the copy search still recognises a copy of the deleted image (and says it was
+    deleted), but never shows or names it as the look-alike of another upload."""
     run = MunkeyRun(tiny_run, device="cpu")
-    index = trust.copy_index(run, calibrate=10)
-    files = sorted((tiny_run / copycache.CACHE_DIR).glob("thresholds-*.json"))
-    assert len(files) == 1
-    saved = json.loads(files[0].read_text())["calibration"]
-    assert saved["threshold"] == index.threshold and saved["small_threshold"] == index.small_threshold
-    # plain numbers and the ids that set the thresholds: no image, no per-sample score
-    assert all(isinstance(v, (int, float)) for k, v in saved.items() if k != "set_by")
-    victim = int(saved["set_by"][0])
-    assert victim in set(int(i) for i in run.bank.ids)
-    # reused: a second index takes the cached thresholds (changed here to tell them apart) without calibrating
-    key = files[0].name[len("thresholds-"):-len(".json")]
-    copycache.write_thresholds(tiny_run, key, dict(saved, threshold=0.9991))
-    assert trust.copy_index(run, calibrate=10).threshold == 0.9991
-    # another cached calibration that no deleted image set survives the deletion
-    copycache.write_thresholds(tiny_run, "other", dict(saved, set_by=[-1]))
-    run.forget([victim], operator="test")
-    assert not files[0].exists() and copycache.read_thresholds(tiny_run, "other") is not None
-    # calibrated again without the deleted image; a copy of it is still recognised (and said to be deleted)
-    again = trust.copy_index(run, calibrate=10)
-    assert files[0].exists() and victim not in again.calibration["set_by"]
-    row = int(np.flatnonzero(run.dataset.train.ids == victim)[0])
-    found = trust.find_copies(run, again, [_enlarged(run.dataset.train.images[row], 64)])[0]
-    assert found["found"] and found["id"] == victim and found["in_bank"] is False
+    index = trust.copy_index(run)
+    test_img = _enlarged(run.dataset.test.images[3], 64)  # not a copy of any training image
+    before = trust.find_copies(run, index, [test_img])[0]
+    assert not before["found"]
+    lookalike = before["matches"][0]["id"]
+    assert f"id {lookalike}" in before["message"]
+    run.forget([lookalike], operator="test")
+    index = trust.copy_index(run)
+    after = trust.find_copies(run, index, [test_img])[0]
+    assert not after["found"] and lookalike not in [m["id"] for m in after["matches"]]
+    assert f"id {lookalike}," not in after["message"] and len(after["matches"]) == 5
+    assert after["matches"][0]["id"] == before["matches"][1]["id"]  # the next look-alike, still in the bank
+    row = int(np.flatnonzero(run.dataset.train.ids == lookalike)[0])
+    own = trust.find_copies(run, index, [_enlarged(run.dataset.train.images[row], 64)])[0]
+    assert own["found"] and own["id"] == lookalike and own["in_bank"] is False
+    assert "already deleted" in own["message"]

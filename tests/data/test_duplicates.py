@@ -117,3 +117,31 @@ def test_cropped_and_shrunk_non_copies_are_not_called_copies(digits, index) -> N
     assert sum(index.best(q) is not None for q in queries) == 0
     assert index.calibration["align_null_max"] < index.align_threshold < 1.0
     assert index.calibration["small_null_max"] < index.small_threshold < 1.0
+
+
+def test_a_calibration_brought_up_to_date_after_a_deletion_equals_one_from_scratch(digits) -> None:
+    """Records of an earlier calibration, less those naming deleted ids: only those queries are searched
+    again, and every figure equals a calibration from scratch that excludes the deleted ids."""
+    first = NearDuplicateIndex(digits.train.images, digits.train.ids)
+    first.calibrate(digits.val.images, n=12)
+    cal = first.calibration
+    assert cal["searched"] == cal["queries"] == 72 and len(cal["records"]) == 12 * 8
+    deleted = list(cal["set_by"])
+    kept = [r for r in cal["records"] if r[3] not in deleted]
+    assert len(kept) < len(cal["records"])
+    updated = NearDuplicateIndex(digits.train.images, digits.train.ids)
+    updated.calibrate(digits.val.images, n=12, exclude=deleted, records=kept)
+    scratch = NearDuplicateIndex(digits.train.images, digits.train.ids)
+    scratch.calibrate(digits.val.images, n=12, exclude=deleted)
+    new = updated.calibration
+    assert 0 < new["searched"] <= len(cal["records"]) - len(kept) < 72
+    assert {k: v for k, v in new.items() if k != "searched"} == {k: v for k, v in scratch.calibration.items()
+                                                                 if k != "searched"}
+    assert not set(deleted) & {r[3] for r in new["records"]} and not set(deleted) & set(new["set_by"])
+    # a deleted image cannot raise a threshold: each is at most what it was
+    assert updated.threshold <= first.threshold and updated.align_threshold <= first.align_threshold
+    assert updated.small_threshold <= first.small_threshold
+    # records that name an id deleted since they were made are searched again too
+    again = NearDuplicateIndex(digits.train.images, digits.train.ids)
+    again.calibrate(digits.val.images, n=12, exclude=deleted, records=cal["records"])
+    assert again.calibration["records"] == new["records"]
