@@ -15,8 +15,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-import torch
-
 
 def fsync_dir(path: Path) -> None:
     """Make a rename inside `path` durable."""
@@ -57,6 +55,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 def atomic_torch_save(path: Path, obj: Any) -> None:
     """torch.save `obj` atomically."""
+    import torch  # here: the model-free paths (a deletion without evaluation) never load torch
     buf = io.BytesIO()
     torch.save(obj, buf)
     atomic_write_bytes(path, buf.getvalue())

@@ -296,8 +296,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
-    from munkey_core.forget.request import RefusedRequest, UnfinishedRequest, record_refusal
-    from munkey_core.service import MunkeyRun
+    from munkey_core.forget.request import RefusedRequest, UnfinishedRequest, forget_without_model, record_refusal
     from munkey_core.forget.ids import parse_ids, read_ids_file
 
     source = "ids" if args.ids is not None else "ids-file" if args.ids_file is not None else "random-fraction"
@@ -309,8 +308,17 @@ def cmd_forget(args: argparse.Namespace) -> int:
             ids = parse_ids(",".join(args.ids), source="--ids")
         elif args.ids_file is not None:
             ids = read_ids_file(args.ids_file)
-        run = MunkeyRun(args.run, device=args.device, audit_url=args.audit_url, search=args.search)
-        res = run.forget(ids, **opts) if ids is not None else run.forget_random(args.random_fraction, args.seed, **opts)
+        res = None
+        if args.no_evaluate:  # key deletion needs no model: the run's files and numpy, no torch (~0.5 s, not ~13)
+            res = forget_without_model(args.run, ids, audit_url=args.audit_url, search=args.search,
+                                       fraction=args.random_fraction, seed=args.seed,
+                                       **{k: v for k, v in opts.items() if k != "evaluate"})
+        if res is None:  # evaluated, or a run that needs opening in full (forget/request.py says when)
+            from munkey_core.service import MunkeyRun
+
+            run = MunkeyRun(args.run, device=args.device, audit_url=args.audit_url, search=args.search)
+            res = (run.forget(ids, **opts) if ids is not None
+                   else run.forget_random(args.random_fraction, args.seed, **opts))
     except (RefusedRequest, UnfinishedRequest):  # logged already, or committed: never a refusal
         raise
     except MunkeyError as exc:  # refused before reaching the run: record it when the log is intact

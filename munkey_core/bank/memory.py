@@ -15,9 +15,7 @@ Tests: tests/bank/test_memory.py.
 
 from __future__ import annotations
 
-import hashlib
 import io
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -26,24 +24,9 @@ import torch
 
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_bytes
+from munkey_core.bank.rowmap import DeleteResult, bank_fingerprint, rows_in  # noqa: F401 (DeleteResult: importers)
 
 _SCORE_BUDGET = 64 * 1024 * 1024  # floats in one (queries x bank) score chunk
-
-
-@dataclass
-class DeleteResult:
-    """What a deletion did: ids removed now, and ids that were not in the bank."""
-
-    deleted: list[int] = field(default_factory=list)
-    absent: list[int] = field(default_factory=list)
-
-
-def rows_in(row_of_id: dict[int, int], ids: Iterable[int]) -> np.ndarray:
-    """Row positions of `ids` in a bank's id -> row map; a clear error names the first absent id."""
-    try:
-        return np.array([row_of_id[int(i)] for i in ids], dtype=np.int64)
-    except KeyError as exc:
-        raise MunkeyError(f"Sample id {exc.args[0]} is not in the memory bank.") from None
 
 
 class MemoryBank:
@@ -192,13 +175,8 @@ class MemoryBank:
 
     def fingerprint(self) -> str:
         """sha256 over ids, labels, keys and exemplars in id order: equal banks give equal hashes."""
-        order = np.argsort(self.ids, kind="stable")
-        h = hashlib.sha256()
-        h.update(self.ids[order].tobytes())
-        h.update(self.labels[order].tobytes())
-        h.update(self.keys.detach().cpu().numpy()[order].tobytes())
-        h.update(self.values.detach().cpu().numpy()[order].tobytes())
-        return h.hexdigest()
+        return bank_fingerprint(self.ids, self.labels, self.keys.detach().cpu().numpy(),
+                                self.values.detach().cpu().numpy())
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Plain numpy copies of every field (moments under 'moment_<name>')."""

@@ -50,14 +50,18 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
-import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.bank.memory import DeleteResult, MemoryBank, rows_in
+from munkey_core.bank.rowmap import DeleteResult, bank_fingerprint, rows_in
 from munkey_core.atomic import fsync_dir
+
+if TYPE_CHECKING:  # torch and the in-memory bank only where used: a deletion's file steps need neither
+    import torch
+
+    from munkey_core.bank.memory import MemoryBank
 
 MAGIC = b"MKYSTORE1\n"
 HEADER_BYTES = 4096
@@ -228,6 +232,8 @@ class BankStore:
 
         Memory: one (Q, 32768) score block plus one float32 copy of a 32768-row key chunk.
         """
+        import torch
+
         q = torch.as_tensor(np.asarray(queries, dtype=np.float32))
         if q.ndim == 1:
             q = q[None]
@@ -265,13 +271,16 @@ class BankStore:
 
     def to_bank(self) -> MemoryBank:
         """An in-memory MemoryBank copy (float32) with the same rows in the same order."""
+        from munkey_core.bank.memory import MemoryBank
+
         moments = {k: np.array(self.moment(k), dtype=np.float32) for k in self.moment_names}
         return MemoryBank(np.array(self.ids), np.array(self.labels), np.array(self.keys, dtype=np.float32),
                           np.array(self.values, dtype=np.float32), moments)
 
     def fingerprint(self) -> str:
         """sha256 in id order, computed like MemoryBank.fingerprint (on float32 copies)."""
-        return self.to_bank().fingerprint()
+        return bank_fingerprint(np.array(self.ids), np.array(self.labels), np.asarray(self.keys, np.float32),
+                                np.asarray(self.values, np.float32))
 
     # ------------------------------------------------------------------ deletion
     def delete(self, ids: Iterable[int]) -> StoreDeleteResult:
@@ -591,6 +600,8 @@ def _row_bytes(meta: dict) -> int:
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
     """float32 tensor from a (possibly read-only, possibly float16) array, copying only if needed."""
+    import torch
+
     if a.dtype != np.float32:
         return torch.from_numpy(a.astype(np.float32))
     with warnings.catch_warnings():

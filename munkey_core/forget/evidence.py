@@ -16,16 +16,25 @@ from __future__ import annotations
 import hashlib
 from typing import Sequence
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from munkey_core.errors import MunkeyError
-from munkey_core.run.loaded import LoadedMunkeyRun
 from munkey_core.run.rows import bank_ids, checkpoint_ids_present
+
+if TYPE_CHECKING:  # the run interface (run/loaded.py); a run opened without its model (run/bankonly.py) also does
+    from munkey_core.run.loaded import LoadedMunkeyRun
 
 PROBE_CAP = 2000
 ORACLE_NOTE = ("No retrained oracle (the same model trained without the deleted samples) exists for this run, so "
                "the gaps to it cannot be computed; they are recorded as null.")
+
+
+def _rows(table, rows: np.ndarray) -> np.ndarray:
+    """Rows of a bank field, a torch tensor (the bank in memory) or a numpy array, as a numpy copy."""
+    part = table[rows]
+    return part.detach().cpu().numpy() if hasattr(part, "detach") else np.array(part)
 
 
 def _row_hash(key: np.ndarray, value: np.ndarray) -> str:
@@ -44,8 +53,8 @@ def sample_fingerprints(run: LoadedMunkeyRun, ids: Sequence[int]) -> tuple[list[
     """[{id, memory_sha256, image_sha256}] for ids still in the bank, plus a note when the dataset
     (and so the image hashes) is unavailable."""
     rows = run.bank.rows_of(ids)
-    keys = run.bank.keys[torch.as_tensor(rows)].cpu().numpy() if len(rows) else np.zeros((0, 1), np.float32)
-    values = run.bank.values[torch.as_tensor(rows)].cpu().numpy() if len(rows) else np.zeros((0, 1), np.float32)
+    keys = _rows(run.bank.keys, rows) if len(rows) else np.zeros((0, 1), np.float32)
+    values = _rows(run.bank.values, rows) if len(rows) else np.zeros((0, 1), np.float32)
     note = None
     try:
         images = run.dataset.lookup([int(i) for i in ids]).images if len(ids) else None
@@ -63,7 +72,7 @@ def own_keys(run: LoadedMunkeyRun, ids: Sequence[int]) -> np.ndarray | None:
     None when neither has them (dataset unavailable)."""
     ids = [int(i) for i in ids]
     if all(i in run.bank for i in ids):
-        return run.bank.keys[torch.as_tensor(run.bank.rows_of(ids))].cpu().numpy().copy()
+        return _rows(run.bank.keys, run.bank.rows_of(ids))
     try:
         train = run.dataset.train
         keys = run.split_keys("train")

@@ -35,17 +35,15 @@ import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from munkey_core import __version__
 from munkey_core.audit import receipts
 from munkey_core.audit.log import LINEAGE_KIND, PENDING_NAME, AuditLog, now_utc, open_log, verify_run
 from munkey_core.audit.canonical import plain
 from munkey_core.errors import MunkeyError
-from munkey_core.eval import evaluate as evaluation
 from munkey_core.forget.evidence import ORACLE_NOTE, own_keys, retrieval_evidence, sample_fingerprints
 from munkey_core.eval.metrics import MIA_CHEAP
-from munkey_core.run.loaded import DeletionTarget, LoadedMunkeyRun
 from munkey_core.run.paths import RunPaths, is_run, read_forgotten
 from munkey_core.run.copycache import purge_ids as purge_cached_thresholds
 from munkey_core.run.mapcache import purge_ids as purge_cached_maps
@@ -54,6 +52,10 @@ from munkey_core.run.predstore import purge_ids as purge_stored_predictions
 from munkey_core.run.lock import DELETION_LOCK_NAME, RunLock, crash_point, deletion_in_progress, pause_point
 from munkey_core.run.rows import purge_checkpoint_rows
 from munkey_core.atomic import atomic_write_json, fsync_dir, read_json
+
+if TYPE_CHECKING:  # the model, the evaluation and the run interface load where a request needs them: one
+    # without evaluation runs on a run opened without its model (run/bankonly.py) and loads no torch
+    from munkey_core.run.loaded import DeletionTarget, LoadedMunkeyRun
 
 Progress = Callable[[str, float], None]
 JOURNAL_NAME = "journal.json"
@@ -277,6 +279,31 @@ def forget(run: LoadedMunkeyRun, ids: Sequence[int], *, operator: str | None = N
                 raise _unfinished(request_id, exc) from None
 
 
+def forget_without_model(path: str | Path, ids: Sequence[int] | None, *, audit_url: str | None = None,
+                         search: str | None = None, fraction: float | None = None, seed: int = 0,
+                         **options) -> ForgetResult | None:
+    """A request without evaluation (`forget` with evaluate=False) on the run opened without its model
+    (run/bankonly.py: numpy and the run's files, no torch), for `ids` or, when None, a seeded random
+    `fraction` of the bank. None where that path does not apply (an unfinished deletion to finish, a
+    format-1 run, an IVF search, keys or weights it cannot read): the caller opens the run in full.
+    The same files, audit entry and receipt as `forget` on the full run (tests/run/test_bankonly.py)."""
+    from munkey_core.data.sampling import random_ids
+    from munkey_core.run.bankonly import NeedsModel, open_bank_only
+
+    try:
+        run = open_bank_only(path, audit_url=audit_url, search=search)
+        if run is None:
+            return None
+        with run.runlock.hold(exclusive=False):
+            if needs_recovery(run):  # finishing it may need an evaluation: the full run does it
+                return None
+        if ids is None:
+            ids = random_ids(run.bank.ids, fraction, seed)
+        return forget(run, ids, evaluate=False, **options)
+    except NeedsModel:  # raised before anything is committed (what it reads was read at open)
+        return None
+
+
 def _unfinished(request_id: str, exc: BaseException) -> UnfinishedRequest:
     detail = str(exc) if isinstance(exc, MunkeyError) else f"{getattr(exc, 'strerror', None) or exc}."
     return UnfinishedRequest(
@@ -293,6 +320,8 @@ def _prepare(run: LoadedMunkeyRun, log: AuditLog, request_id: str, ids: list[int
     samples, note = sample_fingerprints(run, todo)
     before, source_b, fa_before = None, "not evaluated (--no-evaluate)", None
     if evaluate and todo:
+        from munkey_core.eval import evaluate as evaluation
+
         before = _matching_metrics(run, bank_fp)
         if before is not None:
             source_b = f"metrics.json entry of {before.get('time')}"
@@ -366,6 +395,8 @@ def _measure_after(run: LoadedMunkeyRun, journal: dict, keys, report: Progress, 
     if not todo:
         after, source_a = journal["metrics_before"], "unchanged: this request deleted nothing new"
     elif journal["evaluate"]:
+        from munkey_core.eval import evaluate as evaluation
+
         after = _matching_metrics(run, bank_fp)
         source_a = f"metrics.json entry of {after.get('time')}" if after else "evaluated after the deletion"
         if after is None:
@@ -454,6 +485,8 @@ def recover(run: LoadedMunkeyRun) -> None:
 
 def open_recovered(path: str | Path, device: str = "auto", audit_url: str | None = None) -> LoadedMunkeyRun:
     """Open a MUNKEY run and finish its interrupted deletion, if any (what service.MunkeyRun does)."""
+    from munkey_core.run.loaded import LoadedMunkeyRun
+
     run = LoadedMunkeyRun(path, device=device, audit_url=audit_url)
     recover_on_open(run)
     return run

@@ -41,19 +41,18 @@ same 2 cores, torch's 2 OpenMP threads stall at every barrier (measured 1 s inst
 Cache (`cached_keys`): `<cache_dir>/keys/<dataset>-<split>-<encoder>-r<res>-<sha>.npy` plus a
 `.json` descriptor. `sha` = sha256 over (dataset, split, encoder.describe(), sha256 of the image
 bytes + id bytes), so changed data or preprocessing never returns stale keys. Hashing reads the
-images once (~1 GB/s). Files are written atomically; a damaged file is deleted and recomputed.
+images once (~1 GB/s). Files are written atomically; a damaged file is deleted and recomputed. The
+paths and the reading live in keys/cache.py (numpy alone: a deletion without evaluation reads keys there).
 
 Tests: tests/keys/test_keys.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
-import re
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -65,6 +64,8 @@ from torch import nn
 
 from munkey_core.atomic import atomic_write
 from munkey_core.errors import MunkeyError
+from munkey_core.keys.cache import (_entry, _read_cached, cache_key, cache_paths, content_digest,  # noqa: F401
+                                    default_cache_dir)
 
 DEFAULT_ENCODER = "efficientnet_lite0"
 DEFAULT_RESOLUTION = 96          # input side for the offline CNNs
@@ -426,92 +427,6 @@ def load_encoder(name: str = DEFAULT_ENCODER, *, device: str | torch.device = "c
 # ---------------------------------------------------------------------------------------------
 # on-disk cache
 # ---------------------------------------------------------------------------------------------
-
-def default_cache_dir() -> Path:
-    """$MUNKEY_CACHE, else ~/.cache/munkey. Keys go in its `keys/` subfolder."""
-    env = os.environ.get("MUNKEY_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "munkey"
-
-
-_CHUNK = 64 << 20
-
-
-def _hash_array(h: "hashlib._Hash", arr: np.ndarray) -> None:
-    """Feed dtype, shape and the C-order bytes of `arr` to `h`, in chunks (no full copy)."""
-    h.update(f"{arr.dtype.str}|{arr.shape}|".encode())
-    if arr.size == 0:
-        return
-    flat_rows = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(-1, 1)
-    rows = max(1, _CHUNK // max(1, flat_rows[0].nbytes))
-    for s in range(0, len(flat_rows), rows):
-        h.update(memoryview(np.ascontiguousarray(flat_rows[s:s + rows])).cast("B"))
-
-
-def content_digest(images: np.ndarray, ids: np.ndarray) -> str:
-    """sha256 over the image bytes and the id bytes (with dtypes and shapes)."""
-    ids = np.asarray(ids)
-    if ids.dtype == object:
-        ids = ids.astype(str)
-    h = hashlib.sha256()
-    _hash_array(h, np.asarray(images))
-    _hash_array(h, ids)
-    return h.hexdigest()
-
-
-def cache_key(encoder: KeyEncoder, digest: str, dataset: str, split: str) -> str:
-    blob = json.dumps({"dataset": dataset, "split": split, "encoder": encoder.describe(), "content": digest},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-
-def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(s)).strip("._")[:48] or "x"
-
-
-def _read_cached(npy: Path, meta_path: Path, key: str, n: int, dim: int) -> np.ndarray | None:
-    """The cached keys, or None when absent; a damaged entry is deleted with a warning."""
-    if not npy.exists() and not meta_path.exists():
-        return None
-    problem = None
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        keys = np.load(npy, allow_pickle=False)
-        if meta.get("key") != key:
-            problem = "descriptor does not match"
-        elif list(keys.shape) != list(meta.get("shape", [])) or list(keys.shape) != [n, dim]:
-            problem = f"shape {keys.shape}, expected {(n, dim)}"
-        elif keys.dtype != np.float32 or meta.get("dtype") != "float32":
-            problem = f"dtype {keys.dtype}, expected float32"
-        elif not np.isfinite(keys).all():
-            problem = "non-finite values"
-    except (OSError, ValueError, EOFError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        problem = f"{type(exc).__name__}: {exc}"
-    if problem is None:
-        return keys
-    warnings.warn(f"Key cache entry {npy} is damaged ({problem}); deleting it and recomputing.",
-                  RuntimeWarning, stacklevel=3)
-    for p in (npy, meta_path):
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
-    return None
-
-
-def _entry(encoder: KeyEncoder, digest: str, dataset: str, split: str,
-           cache_dir: str | Path | None) -> tuple[Path, Path, str]:
-    key = cache_key(encoder, digest, dataset, split)
-    root = (Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()) / "keys"
-    stem = f"{_slug(dataset)}-{_slug(split)}-{_slug(encoder.name)}-r{encoder.resolution}-{key[:24]}"
-    return root / f"{stem}.npy", root / f"{stem}.json", key
-
-
-def cache_paths(encoder: KeyEncoder, images: np.ndarray, ids: np.ndarray, *, dataset: str, split: str,
-                cache_dir: str | Path | None = None) -> tuple[Path, Path]:
-    """(npy path, json path) of the cache entry for this encoder + data (they may not exist yet)."""
-    npy, meta, _ = _entry(encoder, content_digest(images, ids), dataset, split, cache_dir)
-    return npy, meta
-
 
 def cached_keys(encoder: KeyEncoder, images: np.ndarray, ids: np.ndarray, *, dataset: str, split: str,
                 cache_dir: str | Path | None = None, batch_size: int = 256, progress: bool = True) -> np.ndarray:

@@ -12,6 +12,8 @@
   derived data a deletion purges.
 - loaded.py: the run interface every layer above works with (`LoadedRun`, `LoadedMunkeyRun`,
   `ClassifierRun`, `DeletionTarget`, `load_run`).
+- bankonly.py: a MUNKEY run opened without its model, in numpy alone: a deletion without evaluation.
 Tests: tests/run/test_runstore.py, tests/run/test_atomicity.py, tests/test_service.py, tests/eval/test_incremental.py,
-tests/run/test_tags.py, tests/run/test_predstore.py.
+tests/run/test_tags.py, tests/run/test_predstore.py,
+tests/run/test_bankonly.py.
 """

@@ -39,11 +39,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import read_json
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT_VERSION = 2  # runstore.STORE_FORMAT
 
@@ -204,6 +206,8 @@ def read_list(path: Path) -> list:
 def load_state_dict(path: Path, device: torch.device,
                     what_to_do: str = "restore the run from a backup or retrain it") -> dict:
     """torch.load a weights file with a clear error if it is damaged (`what_to_do` ends the message)."""
+    import torch  # here: the model-free paths never load torch
+
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:

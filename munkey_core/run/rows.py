@@ -34,17 +34,18 @@ import contextlib
 import errno
 import os
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
-import torch
 
 from munkey_core.bank.store import BankStore, delete_many
 from munkey_core.errors import MunkeyError
-from munkey_core.bank.memory import MemoryBank
 from munkey_core.run.paths import RunPaths, load_state_dict
 from munkey_core.run.lock import crash_point
 from munkey_core.atomic import atomic_torch_save, atomic_write_json, fsync_dir, read_json
+
+if TYPE_CHECKING:  # torch and the in-memory bank are imported where used: the file steps of a deletion need neither
+    from munkey_core.bank.memory import MemoryBank
 
 STORE_FORMAT = 2
 MIGRATION_CRASH_STEPS = ("migrate-bank", "migrate-checkpoint", "migrate-config")  # tests/run/test_runstore.py
@@ -129,6 +130,8 @@ def open_bank(path: Path) -> BankStore:
 
 def load_bank(root: Path) -> MemoryBank:
     """The run's bank as an in-memory MemoryBank (either format; the run is not changed)."""
+    from munkey_core.bank.memory import MemoryBank
+
     path = bank_path(root)
     if path == RunPaths(Path(root)).legacy_bank:
         return MemoryBank.load(path)
@@ -171,7 +174,7 @@ def row_files(directory: Path) -> list[Path]:
 
 def _torch_load(path: Path) -> dict:
     """A checkpoint's .pt on the CPU; a damaged one says to delete or restore that checkpoint."""
-    return load_state_dict(path, torch.device("cpu"), "it is a checkpoint: delete it or restore it, then retry")
+    return load_state_dict(path, "cpu", "it is a checkpoint: delete it or restore it, then retry")
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -183,6 +186,8 @@ def load_checkpoint(path: Path) -> dict:
     if not rows.exists():
         raise MunkeyError(f"Checkpoint {path} has no exemplar rows ({rows.name} is missing); restore it, or delete "
                           f"{path.name} to drop the checkpoint.")
+    import torch
+
     with BankStore(rows, readonly=True) as store:
         ckpt["ids"] = torch.from_numpy(np.array(store.ids))
         ckpt["values"] = torch.from_numpy(np.array(store.values, dtype=np.float32))
@@ -198,7 +203,8 @@ def checkpoint_ids_present(directory: Path, ids: Iterable[int]) -> tuple[dict[st
     for path in files:
         if rows_path(path).exists():
             continue
-        held = np.asarray(_torch_load(path).get("ids", torch.zeros(0, dtype=torch.int64)).numpy())
+        ckpt = _torch_load(path)  # format 1: rows inside the .pt
+        held = ckpt["ids"].numpy() if "ids" in ckpt else np.zeros(0, np.int64)
         hit = wanted[np.isin(wanted, held)]
         if len(hit):
             found[path.name] = [int(i) for i in hit]
@@ -242,6 +248,8 @@ def purge_checkpoint_rows(directory: Path, ids: Iterable[int], on_file: Callable
         keep = ~np.isin(ck_ids, drop)
         if keep.all():
             continue
+        import torch
+
         ckpt["ids"] = torch.from_numpy(ck_ids[keep].copy())
         ckpt["values"] = ckpt["values"][torch.from_numpy(keep)].clone()
         atomic_torch_save(path, ckpt)
@@ -290,6 +298,8 @@ def _migrate(root: Path) -> bool:
         legacy.unlink()  # migrated, crashed before the removal: bank.npz may only be older
         fsync_dir(root)
         return True
+    from munkey_core.bank.memory import MemoryBank
+
     bank = MemoryBank.load(legacy)
     write_bank(paths.bank, bank)
     crash_point("migrate-bank")
