@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
         (DEFAULT_TRANSFORMS + "," + EXTRA_TRANSFORMS).split(",")
     lines = ["| dataset | train images | copy | recall@1 | found (>= threshold) | lowest own score | ms / search "
              "| false matches (test images) | ms / search |", "|---|---|---|---|---|---|---|---|---|"]
-    calib = ["| dataset | threshold (plain / aligned / shrunk) | best non-copy score (plain / aligned / shrunk) "
-             "| non-copy searches | index build s | calibration s |", "|---|---|---|---|---|---|"]
+    calib = ["| dataset | threshold (plain / aligned / shrunk / native) | best non-copy score (plain / aligned / shrunk "
+             "/ native) | non-copy searches | index build s | calibration s |", "|---|---|---|---|---|---|"]
     for name in args.datasets.split(","):
         ds = load_dataset(name, seed=0)
         train = ds.train
@@ -82,9 +82,12 @@ def run(args: argparse.Namespace) -> int:
         index.calibrate(ds.split("val").images, n=args.calibrate, seed=args.seed)
         t_cal = time.perf_counter() - t0
         c = index.calibration or {}
-        calib.append(f"| {name} | {index.threshold:.4f} / {index.align_threshold:.4f} / {index.small_threshold:.4f} | "
-                     f"{c.get('null_max', float('nan')):.4f} / {c.get('align_null_max', float('nan')):.4f} / "
-                     f"{c.get('small_null_max', float('nan')):.4f} | {c.get('queries', 0)} | {t_build:.1f} | {t_cal:.1f} |")
+        native = (f" / {index.native_threshold:.4f}", f" / {c['native_null_max']:.4f}") if "native_null_max" in c \
+            else (" / —", " / —")  # images up to POLISH_WORK px have no native step
+        calib.append(f"| {name} | {index.threshold:.4f} / {index.align_threshold:.4f} / {index.small_threshold:.4f}"
+                     f"{native[0]} | {c.get('null_max', float('nan')):.4f} / {c.get('align_null_max', float('nan')):.4f} / "
+                     f"{c.get('small_null_max', float('nan')):.4f}{native[1]} | {c.get('queries', 0)} | {t_build:.1f} | "
+                     f"{t_cal:.1f} |")
         print(calib[-1], flush=True)
         rng = np.random.default_rng(args.seed)
         pick = rng.choice(len(train), size=min(args.n, len(train)), replace=False)

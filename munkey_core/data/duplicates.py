@@ -53,8 +53,8 @@ SCORE_MAX = 96  # scores are computed at native resolution, area-reduced to at m
 BLURS = (0.0, 0.45, 0.55)  # Gaussian sigmas (native px) tried on each candidate
 PLAIN_TOP = 8  # candidates (best plain score first) that also get the upload-size renders
 DEFAULT_THRESHOLD = 0.995  # before calibration
-SAFETY = {"plain": 0.25, "align": 0.25, "small": 0.75}  # threshold: best non-copy score moved this far to 1
-METHOD = "align-1"  # changes whenever the scores change meaning (cached calibrations are keyed on it)
+SAFETY = {"plain": 0.25, "align": 0.25, "small": 0.75, "native": 0.25}  # threshold: best non-copy score moved this far to 1
+METHOD = "align-2"  # changes whenever the scores change meaning (cached calibrations are keyed on it)
 _R = Image.Resampling
 _RENDER = (_R.NEAREST, _R.BILINEAR, _R.BICUBIC)
 
@@ -138,9 +138,12 @@ ALIGN_M = 50  # candidates (best coarse alignment first) that get the fine align
 ALIGN_KEEP = 10  # of those, the best after the first fine step get the finer steps
 ALIGN_POLISH = 5  # best fine alignments polished at a finer grid
 POLISH_WORK, POLISH_FINE, POLISH_STEPS = 128, 64, (0.005, 0.0025)
+NATIVE_TOP, NATIVE_ROUNDS = 2, 4  # images larger than POLISH_WORK: the best two get the native score (_native)
 _CHUNK = 1024
 # what each calibration query (`_null_queries`: native, cropped 2x, 2x, 3x, halved bicubic, halved area) calibrates
-NULL_KINDS = (("plain", "align"), ("align",), ("plain", "align"), ("plain",), ("small",), ("small",))
+# ("native" only where the index has a native step: images larger than POLISH_WORK)
+NULL_KINDS = (("plain", "align", "native"), ("align", "native"), ("plain", "align", "native"), ("plain",), ("small",),
+              ("small",))
 SMALL_KINDS = ("auto", "linear", "cubic")  # an upload smaller than the training images: shrunk by any of these
 
 
@@ -234,6 +237,7 @@ class NearDuplicateIndex:
         # the alignment score and shrunk uploads have their own thresholds (calibrate), mapped onto this one
         self.align_threshold = 1.0
         self.small_threshold = 1.0
+        self.native_threshold = 1.0
         self.calibration: dict | None = None
         self._thumbs = _unit(self._reduced(self.thumb_shape)).reshape(len(images), -1)  # (N, t*t*C)
         # large native images (ELPV's 300 px) are scored area-reduced: ~10x less work, same ranking
@@ -272,6 +276,7 @@ class NearDuplicateIndex:
         self._work = self._reduced(self._work_shape, np.uint8)  # (N, hw, ww, C)
         self._polish_shape = (min(h, POLISH_WORK), min(w, POLISH_WORK))
         self._polish = self._reduced(self._polish_shape, np.uint8)  # (N, hp, wp, C)
+        self.has_native = self._polish_shape != self.shape  # smaller images are polished at native size already
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -329,14 +334,17 @@ class NearDuplicateIndex:
         box = s.argmax(axis=1)
         return s[np.arange(len(s)), box], box
 
-    def align(self, image: np.ndarray, rows: Sequence[int], boxes: Sequence[int] | None = None) -> np.ndarray:
+    def align(self, image: np.ndarray, rows: Sequence[int],
+              boxes: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Alignment score of an upload against training rows: the best NCC over crop boxes of each
         training image (every side cut by 0 to ALIGN_MAX), found coarse to fine from the coarse box
         (`boxes`, from `_coarse_scores`; the whole image when None): a pattern search at the upload's
-        size (at most ALIGN_FINE px a side), then, for the ALIGN_POLISH best, at POLISH_FINE px."""
+        size (at most ALIGN_FINE px a side), then, for the ALIGN_POLISH best, at POLISH_FINE px.
+        Also the native score (`_native`) of the NATIVE_TOP best, -1 elsewhere: (M,), (M,)."""
         rows = np.asarray(rows, np.int64)
+        native = np.full(len(rows), -1.0, np.float32)
         if len(rows) == 0:
-            return np.zeros(0, np.float32)
+            return np.zeros(0, np.float32), native
         img = match_channels(np.asarray(image), self.channels)
         cut = np.zeros((len(rows), 4))  # (M, 4): fraction cut off top, bottom, left, right
         if boxes is not None:
@@ -353,9 +361,46 @@ class NearDuplicateIndex:
         best[keep] = np.maximum(best[keep], finer)
         top = np.argsort(-best)[:ALIGN_POLISH]
         if self._polish_shape != self._work_shape or POLISH_FINE > ALIGN_FINE:
-            polished, _ = self._pattern(img, self._polish[rows[top]], cut[top], POLISH_FINE, POLISH_STEPS)
+            polished, cut[top] = self._pattern(img, self._polish[rows[top]], cut[top], POLISH_FINE, POLISH_STEPS)
             best[top] = polished  # at the finer grid the score of a copy rises and a look-alike's falls
-        return best.astype(np.float32)
+        if self.has_native and not self.is_small(img):
+            for j in top[np.argsort(-best[top])][:NATIVE_TOP]:
+                native[j] = self._native(img, int(rows[j]), cut[j])
+        return best.astype(np.float32), native
+
+    def _native(self, img: np.ndarray, row: int, cut: np.ndarray) -> float:
+        """Native score of an upload (H, W, C) against one training image: the best NCC over crop boxes
+        on whole training pixels, near `cut` (fractions, from the polished alignment), of the training
+        image's own pixels and the upload area-reduced to the box's size. A copy cropped on whole pixels
+        and resized matches its source here up to the resampling (~0.9999 on ELPV), where two distinct
+        near-identical cells stay ~0.995 apart: the sensor's own grain is in the native pixels, not at
+        the 64 px grid of the alignment. Coordinate descent, one pixel per side at a time."""
+        (H, W), src = self.shape, self.images[row]
+        limit = (int(ALIGN_MAX * H) + 1, int(ALIGN_MAX * W) + 1)
+        box = [int(round(c * n)) for c, n in zip(cut, (H, H, W, W))]  # top, bottom, left, right in pixels
+        reduced: dict[tuple[int, int], np.ndarray] = {}
+
+        def score(b: list[int]) -> float:
+            if min(b) < 0 or max(b[:2]) > limit[0] or max(b[2:]) > limit[1]:
+                return -1.0
+            size = (H - b[0] - b[1], W - b[2] - b[3])
+            if size not in reduced:
+                reduced[size] = _unit(to_native(img, size, self.channels)[None])[0]
+            return float(_unit(src[b[0]:H - b[1], b[2]:W - b[3]][None])[0] @ reduced[size])
+
+        best = score(box)
+        for _ in range(NATIVE_ROUNDS):
+            moved = False
+            for side in range(4):
+                for d in (-1, 1):
+                    trial = list(box)
+                    trial[side] += d
+                    s = score(trial)
+                    if s > best:
+                        best, box, moved = s, trial, True
+            if not moved:
+                break
+        return best
 
     def _pattern(self, img: np.ndarray, cands: np.ndarray, cut: np.ndarray, fine: int,
                  steps: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -412,14 +457,14 @@ class NearDuplicateIndex:
         return np.concatenate(out)
 
     def _raw(self, image: np.ndarray, m: int, extra_rows: Sequence[int], stop: float | None, *, align: bool = True):
-        """Candidate rows with their plain and alignment scores (alignment -1 where not computed). With
+        """Candidate rows with their plain, alignment and native scores (-1 where not computed). With
         `stop`, a plain score reaching it ends the search before the alignment; `align=False` skips it."""
         native = to_native(image, self.shape, self.channels)
         extra = np.asarray(list(extra_rows), np.int64)
         rows = np.unique(np.concatenate([self.candidates(native, m), extra]))
         plain = self.score(image, rows, stop=stop)
         if not align or (stop is not None and plain.max() >= stop):
-            return rows, plain, np.full(len(rows), -1.0, np.float32)
+            return rows, plain, np.full(len(rows), -1.0, np.float32), np.full(len(rows), -1.0, np.float32)
         coarse, box = self._coarse_scores(image)
         k = min(ALIGN_M, len(coarse))
         shortlist = [np.argpartition(-coarse, k - 1)[:k]]
@@ -433,11 +478,12 @@ class NearDuplicateIndex:
         order = np.argsort(rows)
         rows, plain = rows[order], plain[order]
         aligned = np.full(len(rows), -1.0, np.float32)
+        native = np.full(len(rows), -1.0, np.float32)
         todo = np.isin(rows, np.concatenate([shortlist, extra])) | (plain >= np.sort(plain)[-min(5, len(plain))])
-        aligned[todo] = self.align(image, rows[todo], box[rows[todo]])
-        return rows, plain, aligned
+        aligned[todo], native[todo] = self.align(image, rows[todo], box[rows[todo]])
+        return rows, plain, aligned, native
 
-    def _combine(self, image: np.ndarray, plain: np.ndarray, aligned: np.ndarray) -> np.ndarray:
+    def _combine(self, image: np.ndarray, plain: np.ndarray, aligned: np.ndarray, native: np.ndarray) -> np.ndarray:
         """One score on the plain threshold's scale: each kind of evidence mapped linearly so that its
         own calibrated threshold lands on `threshold` (and 1.0 stays 1.0)."""
         def onto(x: np.ndarray, t: float) -> np.ndarray:
@@ -446,7 +492,7 @@ class NearDuplicateIndex:
             return self.threshold + (x - t) * (1.0 - self.threshold) / (1.0 - t)
         if self.is_small(np.asarray(image)):
             return onto(np.maximum(plain, aligned), self.small_threshold)
-        return np.maximum(plain, onto(aligned, self.align_threshold))
+        return np.maximum.reduce([plain, onto(aligned, self.align_threshold), onto(native, self.native_threshold)])
 
     def search(self, image: np.ndarray, *, top: int = 10, m: int = 60,
                extra_rows: Sequence[int] = ()) -> list[Match]:
@@ -456,8 +502,8 @@ class NearDuplicateIndex:
             return []
         image = np.asarray(image)
         stop = None if self.is_small(image) else self.threshold
-        rows, plain, aligned = self._raw(image, m, extra_rows, stop)
-        scores = self._combine(image, plain, aligned)
+        rows, plain, aligned, native = self._raw(image, m, extra_rows, stop)
+        scores = self._combine(image, plain, aligned, native)
         order = np.lexsort((self.ids[rows], -scores))[:top]
         return [Match(int(self.ids[rows[j]]), float(scores[j]), int(rows[j])) for j in order]
 
@@ -483,7 +529,8 @@ class NearDuplicateIndex:
             crop = _resize(im[t:h - b, l:w - r], (2 * h, 2 * w), _R.BICUBIC)  # a light crop, enlarged 2x
             views = (im, crop, _resize(im, (2 * h, 2 * w), _R.BICUBIC), _resize(im, (3 * h, 3 * w), _R.BICUBIC),
                      _resize(im, half, _R.BICUBIC), _resize(im, half, _R.BOX))
-            out.extend(zip(views, NULL_KINDS))
+            out.extend((v, tuple(k for k in kinds if k != "native" or self.has_native))
+                       for v, kinds in zip(views, NULL_KINDS))
         return out
 
     def calibrate(self, held_out: np.ndarray, *, n: int = 100, seed: int = 0, floor: float = 0.98,
@@ -491,7 +538,8 @@ class NearDuplicateIndex:
         """Set the thresholds from held-out images (known non-copies, e.g. the validation split; the
         queries of `_null_queries`): `threshold` from the best plain score of the whole ones,
         `align_threshold` from the best alignment score at native size, cropped and 2x,
-        `small_threshold` from the halved ones' best score of either kind; each the best null score
+        `small_threshold` from the halved ones' best score of either kind, `native_threshold` (images
+        larger than POLISH_WORK) from the best native score at native size, cropped and 2x; each the best null score
         moved SAFETY of the way towards 1 (three quarters for shrunk uploads, whose few pixels leave
         look-alikes close), and at least `floor`. Returns `threshold`.
 
@@ -516,15 +564,16 @@ class NearDuplicateIndex:
             if all((q, kind) in known for kind in kinds):
                 continue
             searched += 1
-            rows, p, a = self._raw(img, 60, (), None, align=kinds != ("plain",))
+            rows, p, a, nat = self._raw(img, 60, (), None, align=kinds != ("plain",))
             for kind in kinds:
-                scores = np.where(skip[rows], -np.inf, {"plain": p, "align": a}.get(kind, np.maximum(p, a)))
+                scores = np.where(skip[rows], -np.inf, {"plain": p, "align": a, "native": nat}.get(kind, np.maximum(p, a)))
                 j = int(np.argmax(scores))
                 known[(q, kind)] = ((float(scores[j]), int(self.ids[rows[j]])) if np.isfinite(scores[j])
                                     else (None, None))  # every candidate deleted: no evidence from this query
         figures: dict = {"n_images": len(queries) // len(NULL_KINDS), "queries": len(queries), "searched": searched}
         set_by = set()
-        for kind, name in (("plain", "threshold"), ("align", "align_threshold"), ("small", "small_threshold")):
+        kinds = (("plain", "threshold"), ("align", "align_threshold"), ("small", "small_threshold"))
+        for kind, name in kinds + ((("native", "native_threshold"),) if self.has_native else ()):
             found = [(s, sid) for (_, k), (s, sid) in known.items() if k == kind and s is not None]
             prefix = "" if kind == "plain" else kind + "_"
             if not found:
@@ -546,4 +595,5 @@ class NearDuplicateIndex:
         self.threshold = float(calibration["threshold"])
         self.align_threshold = float(calibration["align_threshold"])
         self.small_threshold = float(calibration["small_threshold"])
+        self.native_threshold = float(calibration.get("native_threshold", 1.0))
         self.calibration = dict(calibration)

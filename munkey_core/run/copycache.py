@@ -111,7 +111,7 @@ def purge_ids(root: str | Path, ids: Iterable[int]) -> int:
         kept = [r for r in cal["records"] if r[3] is None or int(r[3]) not in gone]
         if len(kept) == len(cal["records"]) and not gone & {int(i) for i in cal.get("set_by", [])}:
             continue
-        rest = {k: v for k, v in cal.items() if k not in THRESHOLDS and k != "records" and "null" not in k}
+        rest = {k: cal[k] for k in ("n_images", "queries") if k in cal}  # the thresholds and figures go
         atomic_write_json(path, {"format": FORMAT, "key": key, "calibration": dict(rest, records=kept)})
         changed += 1
     for tmp in directory.glob(".thresholds-*.tmp"):  # a temp file left by a writer that was killed

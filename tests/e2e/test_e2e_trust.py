@@ -69,6 +69,26 @@ def _no_bad_words(page, where: str) -> None:
     assert page.locator("[data-testid=stException]").count() == 0, where
 
 
+def _overlap(a, b) -> bool:
+    return a[0] < b[0] + b[2] - 1 and b[0] < a[0] + a[2] - 1 and a[1] < b[1] + b[3] - 1 and b[1] < a[1] + a[3] - 1
+
+
+def _no_overlap(page, where: str) -> None:
+    """No two images, and no image and caption, overlap in the main area, and none runs off it."""
+    def boxes(selector: str) -> list:
+        return page.locator(f"[data-testid=stMain] {selector}").evaluate_all(
+            "els => els.filter(e => e.checkVisibility({checkOpacity: true, checkVisibilityCSS: true}) && "
+            "(e.tagName === 'IMG' || e.innerText.trim() !== ''))"  # not the content of a closed expander
+            ".map(e => { const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })"
+            ".filter(b => b[2] > 0 && b[3] > 0)")
+    imgs, caps = boxes("[data-testid=stImage] img"), boxes("[data-testid=stCaptionContainer]")
+    assert imgs, where
+    assert not any(_overlap(a, b) for i, a in enumerate(imgs) for b in imgs[i + 1:]), (where, imgs)
+    assert not any(_overlap(a, c) for a in imgs for c in caps), (where, imgs, caps)
+    main = page.locator("[data-testid=stMain]").bounding_box()
+    assert all(b[0] + b[2] <= main["x"] + main["width"] + 1 for b in imgs + caps), where
+
+
 def test_copies_ood_confirmation_lock_and_no_none(server: str, tiny_run: Path, tmp_path: Path) -> None:
     sid, png, jpg = _copies(tiny_run, tmp_path)
     ood = _ood(tmp_path)
@@ -93,17 +113,26 @@ def test_copies_ood_confirmation_lock_and_no_none(server: str, tiny_run: Path, t
         page.get_by_text("your image").nth(2).wait_for(timeout=60_000)  # each query beside its closest training image
         _no_bad_words(page, "Case evidence")
 
-        # Deletion requests: the copy is proposed first and preselected (and only it)
+        # Deletion requests: both copies (resized PNG, JPEG) are found, the sample is proposed first and
+        # preselected (and only it); 800 px wide, the uploads, candidates and their captions do not overlap
+        page.set_viewport_size({"width": 800, "height": 1000})
         _goto(page, "Deletion requests", "Deletion requests")
         page.get_by_text("Similar to an image").click()
         idle(page)
-        page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files([str(png)])
-        page.get_by_text(f"Exact match found: training id {sid} ").wait_for(timeout=180_000)
+        page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files([str(png), str(jpg)])
+        page.get_by_text(f"Exact match found: training id {sid} ").first.wait_for(timeout=180_000)
         idle(page, 300_000)
+        assert page.get_by_text(f"Exact match found: training id {sid} ").count() == 2
         select = page.locator("[data-testid=stMultiSelect]")
         select.get_by_text(f"{sid} (copy of your image").wait_for(timeout=60_000)  # preselected: shown as a tag
         assert select.get_by_text("(similar,").count() == 0  # the look-alikes are offered, not preselected
         page.get_by_text("your image: my_photo.png").wait_for(timeout=10_000)
+        page.get_by_text("your image: my_photo.jpg").wait_for(timeout=10_000)
+        cands = page.locator("[data-testid=stCaptionContainer]").filter(has_text=re.compile(r"^id \d+ ·"))
+        first = cands.first.inner_text()
+        assert first.startswith(f"id {sid} ·") and "copy (" in first, first
+        _no_overlap(page, "Deletion requests at 800 px")
+        page.set_viewport_size({"width": 1400, "height": 1000})
         _no_bad_words(page, "Deletion requests (similar)")
 
         # the confirmation resets when the selection changes
@@ -169,14 +198,9 @@ def test_copies_ood_confirmation_lock_and_no_none(server: str, tiny_run: Path, t
         metric = page.locator("[data-testid=stMetric]").first.bounding_box()
         assert len(boxes) >= 3 + 4  # your image, its match, the query, the K=4 cases
 
-        def overlap(a, b) -> bool:
-            return a[0] < b[0] + b[2] - 1 and b[0] < a[0] + a[2] - 1 and a[1] < b[1] + b[3] - 1 and b[1] < a[1] + a[3] - 1
-
         m = [metric["x"], metric["y"], metric["width"], metric["height"]]
-        assert not any(overlap(b, m) for b in boxes), (boxes, m)
-        assert not any(overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), boxes
-        main = page.locator("[data-testid=stMain]").bounding_box()
-        assert all(b[0] + b[2] <= main["x"] + main["width"] + 1 for b in boxes)  # nothing runs off the page
+        assert not any(_overlap(b, m) for b in boxes), (boxes, m)
+        _no_overlap(page, "Case evidence at 800 px")
         page.set_viewport_size({"width": 1400, "height": 1000})
 
         # no None / nan on any page
