@@ -195,21 +195,26 @@ def _add_unact(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
+def _add_bench(sub: argparse._SubParsersAction, benchmarks: bool = True) -> None:
+    p = sub.add_parser("bench", help="benchmarks that print tables of figures and same-run ratios")
+    if not benchmarks:  # another command: its options are never parsed, and loading them costs ~0.1 s
+        return
     from munkey_core import bench
 
-    p = sub.add_parser("bench", help="benchmarks that print tables of figures and same-run ratios")
     bsub = p.add_subparsers(dest="bench_command", required=True)
     for name in bench.BENCHMARKS:
         mod = bench.load(name)
         mod.add_arguments(bsub.add_parser(name, help=mod.HELP))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; the benchmarks' own options only when `argv` (default: the command line) runs one."""
     parser = argparse.ArgumentParser(prog="munkey", description="Unlearning by design: MUNKEY key deletion.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_select, _add_audit, _add_demo, _add_unact, _add_bench):
+    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_select, _add_audit, _add_demo, _add_unact):
         add(sub)
+    words = list(sys.argv[1:] if argv is None else argv)
+    _add_bench(sub, benchmarks="bench" in words[:1])
     return parser
 
 
@@ -522,7 +527,7 @@ COMMANDS = {"unact": cmd_unact, "bench": cmd_bench, "train": cmd_train, "predict
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     if "MUNKEY_UMASK" not in os.environ:  # run folders, logs, receipts and keys: owner-only by default
         os.umask(0o077)
     try:
