@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 
 from munkey_core.atomic import atomic_write_json
-from munkey_core.data.duplicates import METHOD, NearDuplicateIndex
 from munkey_core.errors import MunkeyError
 from munkey_core.run.lock import RunLock
 from munkey_core.run.paths import RunPaths, read_forgotten
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the copy search loads where it runs: a deletion's purge here needs none of it
+    from munkey_core.data.duplicates import NearDuplicateIndex
     from munkey_core.run.loaded import LoadedMunkeyRun
 
 CACHE_DIR = "duplicates"
@@ -124,6 +124,8 @@ def purge_ids(root: str | Path, ids: Iterable[int]) -> int:
 
 def calibration_key(run: "LoadedMunkeyRun", calibrate: int, seed: int, val_ids: np.ndarray) -> str:
     """The cache key: method version, dataset, parameters, training and validation ids."""
+    from munkey_core.data.duplicates import METHOD
+
     train = run.dataset.train
     digest = hashlib.sha256()
     for part in (METHOD, run.dataset.name, calibrate, seed, train.images.shape):
@@ -137,6 +139,8 @@ def pixel_index(run: "LoadedMunkeyRun") -> NearDuplicateIndex:
     """The near-duplicate index of the run's whole training split, uncalibrated (deleted samples too:
     the dataset still holds them, and an upload may be a copy of one: the page says it was deleted).
     It depends on the dataset only, so a caller may keep it across deletions (pages/_common.py)."""
+    from munkey_core.data.duplicates import NearDuplicateIndex
+
     train = run.dataset.train
     return NearDuplicateIndex(train.images, train.ids)
 
