@@ -87,7 +87,7 @@ def own_keys(run: LoadedMunkeyRun, ids: Sequence[int]) -> np.ndarray | None:
 def _search_hits(run: LoadedMunkeyRun, queries: np.ndarray, ids: set[int], k: int) -> list[int]:
     if len(run.bank) == 0 or len(queries) == 0:
         return []
-    found = set(int(x) for x in run.search(queries, k).ids.ravel())
+    found = set(np.unique(run.search(queries, k).ids).tolist())  # (Q * k ids: one pass in numpy)
     return sorted(found & ids)
 
 
