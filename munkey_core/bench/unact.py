@@ -11,7 +11,8 @@ Sections (each row: Af, Ar on the test set, the oracle's Af* and Ar*, Delta, sec
   original's on the same classes);
 - MUNKEY (a MUNKEY run as RUN or --munkey-run): class key deletion alone, the masked logit, UnAct
   alone, key deletion + UnAct along the inference path (the default) and along the image pathway (the
-  earlier design), full class and n = 5, and five sequential key deletion + UnAct requests.
+  earlier design), full class and n = 5, and five sequential key deletion + UnAct requests
+  (`--munkey-rows controls`: only keys+unact and its controls, and the product's sequential rule).
 Every timing is a ratio against SSD cold on the same model and images, measured in the same run.
 Writes unact_<dataset>.md and unact_<dataset>.csv to --out.
 """
@@ -44,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "for few-shot and sequential rows")
     p.add_argument("--train-oracles", action="store_true", help="train missing class oracles first")
     p.add_argument("--no-sequential", action="store_true")
+    p.add_argument("--munkey-rows", choices=("all", "controls"), default="all",
+                   help="MUNKEY sections: all (default) or controls: keys+unact with its controls only (keys alone, "
+                   "the masked logit, UnAct alone) and only the product's rule in the sequential section; the "
+                   "earlier designs' rows take most of the time on a 10,000-image run")
     p.add_argument("--out", default=None, help="folder for the Markdown and CSV tables")
     p.add_argument("--device", default="auto")
 

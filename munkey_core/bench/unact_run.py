@@ -156,6 +156,8 @@ class UnactBench:
                 (EARLIER_DEFAULT, "keys+unact", bare, None),
                 ("keys+unact (image pathway, earlier design)", "keys+unact", EARLIER,
                  {"path": "image", "head": False, "blocks": len(ed.model.vit.blocks)})]
+        if self.args.munkey_rows == "controls":  # the product's request and its controls only
+            rows = rows[:4]
         for c in self.classes:
             for n in (0, 5):
                 imgs = ed.class_images(c, n, seed=self.args.seed)
@@ -175,6 +177,8 @@ class UnactBench:
         rules = [("keys+unact (inference path)", default),
                  (EARLIER_DEFAULT, bare),
                  ("keys+unact (paper's rule: all k rounds)", replace(bare, stop="rounds"))]
+        if self.args.munkey_rows == "controls":
+            rules = rules[:1]
         labels = ed.dataset.test.labels[ed.test_index]
         base_pred = ed.predict_test(ed.model)
         for name, cfg in rules:
@@ -262,13 +266,14 @@ class UnactBench:
         for r in rows:
             n = "all" if section in ("full class", "munkey full class") else r["n"]
             groups.setdefault((r["model"], r["method"], n), []).append(r)
-        self.lines += [f"### {title}", "", "| model | method | n | Af | Ar | Af* | Ar* | Delta (classes with an oracle) | "
-                       "s / request | SSD cold s | % params dampened |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        self.lines += [f"### {title}", "", "| model | method | n | Af | Ar | Ar unedited | Af* | Ar* | Delta (classes with an "
+                       "oracle) | s / request | SSD cold s | % params dampened |",
+                       "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for (model, method, n), rs in groups.items():
             col = lambda k: mean_sd([r.get(k) for r in rs])  # noqa: E731
             with_oracle = sum(r.get("Delta") is not None for r in rs)
-            self.lines.append(f"| {model} | {method} | {n} | {col('Af')} | {col('Ar')} | {col('Af_oracle')} | "
-                              f"{col('Ar_oracle')} | {col('Delta')} ({with_oracle}) | {col('seconds')} | "
+            self.lines.append(f"| {model} | {method} | {n} | {col('Af')} | {col('Ar')} | {col('Ar_before')} | "
+                              f"{col('Af_oracle')} | {col('Ar_oracle')} | {col('Delta')} ({with_oracle}) | {col('seconds')} | "
                               f"{col('seconds_cold')} | {col('dampened_pct')} |")
         self.lines += ["", f"Mean ± standard deviation over classes {', '.join(map(str, self.classes))}.", ""]
 
@@ -351,7 +356,8 @@ class UnactBench:
             total += (6 + n_scores + len([s for s in self.shots if s])) * n + (0 if a.no_sequential else 2 * n)
             total += 2 * len(SSD_BATCHES) * n if a.ssd_tune else 0
         if med is not None:
-            total += 11 * n + (0 if a.no_sequential else 3 * n)
+            per_class, rules = (11, 3) if a.munkey_rows == "all" else (6, 1)
+            total += per_class * n + (0 if a.no_sequential else rules * n)
         with tqdm(total=total, desc="bench unact", unit="request", dynamic_ncols=True) as bar:
             if ed is not None:
                 if a.ssd_tune:

@@ -46,3 +46,25 @@ def test_bench_unact_on_a_munkey_run_alone(tiny_run: Path, tmp_path: Path, capsy
     assert len(rules) == 3 and rules[0] == "keys+unact (inference path)"
     for rule in rules:
         assert [r["requests"] for r in seq if r["method"] == rule] == ["1", "2"]
+
+
+def test_bench_unact_munkey_controls_only(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    """`--munkey-rows controls`: keys+unact and its controls (keys, mask, UnAct alone), the product's rule
+    alone in the sequential section; no earlier design; the unedited model's Ar beside every row."""
+    out = tmp_path / "results"
+    assert main(["bench", "unact", str(tiny_run), "--classes", "2,5", "--munkey-rows", "controls",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = list(csv.DictReader(open(out / "unact_digits.csv")))
+    full = {r["method"] for r in rows if r["section"] == "munkey full class"}
+    assert full == {"keys", "mask (logit)", "unact (inference path)", "keys+unact (inference path)"}
+    few = {r["method"] for r in rows if r["section"] == "munkey few-shot"}
+    assert few == {"unact (inference path)", "keys+unact (inference path)"}
+    seq = [r for r in rows if r["section"] == "munkey sequential"]
+    assert [(r["method"], r["requests"]) for r in seq] == [("keys+unact (inference path)", "1"),
+                                                          ("keys+unact (inference path)", "2")]
+    assert "(image pathway, earlier design)" not in text and "paper's rule: all k rounds" not in text
+    # the unedited model's Ar does not depend on the method: one value per class, shown in the tables
+    for c in ("2", "5"):
+        assert len({r["Ar_before"] for r in rows if r["class"] == c and r["section"] != "munkey sequential"}) == 1
+    assert "| Ar unedited |" in text
