@@ -41,7 +41,7 @@ from munkey_core.errors import MunkeyError
 from munkey_core.keys.cache import read_cached_keys
 from munkey_core.run import rows
 from munkey_core.run.lock import RunLock
-from munkey_core.run.paths import RunPaths, open_run, read_config, read_forgotten
+from munkey_core.run.paths import RunPaths, disk_stamp, open_run, read_config, read_forgotten
 
 _SCORE_BUDGET = 64 * 1024 * 1024  # floats in one (queries x bank) score chunk, as bank/memory.py
 _STORAGES = {"FloatStorage": np.float32}  # weights this reader knows (a run's model is float32)
@@ -130,14 +130,7 @@ class BankOnlyRun:
 
     # ----- the files a deletion changes (as LoadedMunkeyRun) ----------------------------------
     def _disk_stamp(self) -> tuple:
-        out = []
-        for p in (self.paths.bank, self.paths.forgotten):
-            try:
-                s = p.stat()
-                out.append((s.st_ino, s.st_mtime_ns, s.st_size))
-            except FileNotFoundError:
-                out.append(None)
-        return tuple(out)
+        return disk_stamp(self.paths)
 
     def reload(self) -> None:
         """(Re)read the bank and forgotten.json (opening the store finishes an interrupted row update)."""

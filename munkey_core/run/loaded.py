@@ -54,7 +54,7 @@ from munkey_core.run import rows
 from munkey_core.run.lock import RunLock
 from munkey_core.run import predstore
 from munkey_core.run.predcache import PredictionCache
-from munkey_core.run.paths import RunPaths, load_state_dict, open_run, read_config, read_forgotten, read_list
+from munkey_core.run.paths import RunPaths, disk_stamp, load_state_dict, open_run, read_config, read_forgotten, read_list
 
 
 def fingerprint(model: torch.nn.Module) -> str:
@@ -204,14 +204,7 @@ class LoadedMunkeyRun(LoadedRun):
 
     # ----- state on disk -------------------------------------------------------------------
     def _disk_stamp(self) -> tuple:
-        out = []
-        for p in (self.paths.bank, self.paths.forgotten):
-            try:
-                s = p.stat()
-                out.append((s.st_ino, s.st_mtime_ns, s.st_size))
-            except FileNotFoundError:
-                out.append(None)
-        return tuple(out)
+        return disk_stamp(self.paths)
 
     def reload(self) -> None:
         """(Re)read the bank and forgotten.json from disk (opening the store finishes an interrupted

@@ -198,6 +198,19 @@ def read_forgotten(paths: RunPaths) -> dict:
     return data
 
 
+def disk_stamp(paths: RunPaths) -> tuple:
+    """(inode, mtime ns, size) of bank.store and forgotten.json, None for a missing file: what a
+    loaded run compares to notice that another process changed the bank since it read it."""
+    out = []
+    for p in (paths.bank, paths.forgotten):
+        try:
+            s = p.stat()
+            out.append((s.st_ino, s.st_mtime_ns, s.st_size))
+        except FileNotFoundError:
+            out.append(None)
+    return tuple(out)
+
+
 def read_list(path: Path) -> list:
     """A JSON list file, empty when absent."""
     return read_json(path) if path.exists() else []
