@@ -9,6 +9,17 @@ PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=".venv/bin/pip"
+# On x86_64 the registry's torch is a CUDA build: about 3.5 GB of wheels that unpack to 5.5 GB. Keep pip's
+# downloads and temporary files on the disk that holds the venv (a small /tmp or home fills up first) and keep
+# no second copy in pip's cache.
+export PIP_NO_CACHE_DIR=1
+mkdir -p .cache/pip-tmp
+export TMPDIR="$PWD/.cache/pip-tmp"
+trap 'rm -rf "$PWD/.cache/pip-tmp"' EXIT
+free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1 && [ "$free_gb" -lt 10 ]; then
+  echo "warning: ${free_gb} GB free here; torch with its CUDA libraries needs about 10 GB while installing" >&2
+fi
 $PIP install --quiet --upgrade pip >/dev/null 2>&1 || true
 # shellcheck disable=SC2086
 $PIP install --quiet $TORCH_SPEC
