@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -185,3 +186,24 @@ def test_negative_max_samples_is_a_usage_error_not_a_traceback(tiny_run: Path, c
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "--max-samples: must be 0 (all) or more" in err and "Traceback" not in err
     assert not (tiny_run / "forgotten.json").exists()
+
+
+def test_every_help_page_formats() -> None:
+    """`munkey CMD --help` and `munkey bench NAME --help` print help, never a traceback (argparse
+    %-formats help strings: a literal '%' in one crashed `munkey bench duplicates --help`)."""
+    from munkey_core.bench import BENCHMARKS
+    from munkey_core.cli import build_parser
+
+    def sub_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return dict(actions[0].choices) if actions else {}
+
+    top = build_parser(["bench"])
+    commands = sub_parsers(top)
+    assert {"train", "forget", "evaluate", "bench"} <= set(commands)
+    for name, parser in commands.items():
+        assert parser.format_help().startswith("usage:"), name
+    benches = sub_parsers(commands["bench"])
+    assert set(benches) == set(BENCHMARKS)
+    for name, parser in benches.items():
+        assert parser.format_help().startswith("usage:"), name

@@ -28,7 +28,8 @@ EXTRA_TRANSFORMS = "bilinear3x,nearest4x,lanczos1.5x,bicubic0.5x,bilinear0.5x,bo
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasets", default="digits,fashion-mnist,elpv", help="(default digits,fashion-mnist,elpv)")
     p.add_argument("--transforms", default=DEFAULT_TRANSFORMS,
-                   help=f"comma-separated (default {DEFAULT_TRANSFORMS}; 'all' adds {EXTRA_TRANSFORMS})")
+                   # argparse %-formats help strings: the crops' '%' must be doubled
+                   help=f"comma-separated (default {DEFAULT_TRANSFORMS}; 'all' adds {EXTRA_TRANSFORMS})".replace("%", "%%"))
     p.add_argument("--n", type=int, default=200, help="training images per dataset (default 200)")
     p.add_argument("--null", type=int, default=100, help="test images per transform for false matches (default 100)")
     p.add_argument("--calibrate", type=int, default=100, help="validation images for the threshold (default 100)")
