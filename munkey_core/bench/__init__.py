@@ -6,7 +6,8 @@ figures *and* ratios against a baseline measured in the same run (these machines
 and write them under docs/ when asked to.
 
 - perf.py (with forget_storage.py): deletion, forget requests, search, inference, training, memory.
-- fidelity.py (with fidelity_run.py): random forgetting against retrained oracles.
+- fidelity.py (with fidelity_run.py, and fidelity_merge.py for --merge-csv): random forgetting against
+  retrained oracles.
 - unact.py (with unact_run.py): UnAct against SSD, LFSSD and class oracles.
 - ulira.py (with ulira_run.py): a per-example unlearning attack (U-LiRA style).
 - duplicates.py: near-duplicate recall@1 of copies of training images.

@@ -18,7 +18,9 @@ run and its M-oracles are built with the exemplar token joining at block L, cach
 --work subfolder (<dataset>_<profile>_late<L>), never shared with paper-design models. `--methods ''`
 measures MUNKEY and its M-oracle only (no plain ViT, T-oracle or post-hoc rows). `--tune` adds, per
 post-hoc method, a row with the settings chosen on a validation forget split (unlearn/tuning.py), the
-settings printed under the table and in the CSV's settings column.
+settings printed under the table and in the CSV's settings column. `--merge-csv A.csv ...` joins the
+per-seed rows of earlier invocations' CSVs to this invocation's seeds (bench/fidelity_merge.py), e.g.
+a committed 2-seed table plus `--seed-list 2`, without retraining seeds 0 and 1.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-rate", type=float, default=0.05, help="--select: validation forget split (default 0.05)")
     p.add_argument("--max-samples", type=non_negative_int, default=2000, help="cap per evaluated set (0 = all)")
     p.add_argument("--encoder", default=None, help="MUNKEY key encoder (default: the package default)")
+    p.add_argument("--merge-csv", nargs="+", default=None, metavar="CSV",
+                   help="fidelity CSVs of earlier invocations with the same dataset, profile and options: their "
+                        "per-seed rows join this invocation's seeds in one table (mean ± sd over all seeds, as one "
+                        "invocation computes them), so a seed is added without retraining the others; --seeds 0 "
+                        "renders the table from the CSVs alone")
     p.add_argument("--work", default="runs/fidelity", help="folder for the trained models (reused on re-runs)")
     p.add_argument("--out", default=None, help="folder for the Markdown and CSV tables")
     p.add_argument("--data-root", default=None)

@@ -16,12 +16,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from munkey_core.bench._common import mean_sd, write_tables
+from munkey_core.bench.fidelity_merge import AUDITED, merged, read_rows, with_audited
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_json, read_json
 from munkey_core.run.paths import RunPaths
 
 COLUMNS = ("rate", "seed", "method", "oracle", "TA", "RA", "FA", "MIA", "TPR@1%", "TPR@0.1%", "AvgGap", "seconds",
-           "MIA_attack", "epoch", "train_seed", "settings", "val_AvgGap")
+           "MIA_attack", "epoch", "train_seed", "settings", "val_AvgGap", *AUDITED)
 SELECTED = "MUNKEY (selected checkpoint)"
 FLOOR = {"M": "Noise floor: M-oracle retrained, other training seed", "T": "Noise floor: T-oracle retrained, other "
          "training seed"}
@@ -73,8 +74,9 @@ def _own_sqlite_log() -> Iterator[None]:
             os.environ[URL_ENV] = saved
 
 
-def _seeds(count: int, listed: str | None) -> list[int]:
-    """The seeds to run: `listed` (comma-separated) when given, else 0..count-1."""
+def _seeds(count: int, listed: str | None, merging: bool = False) -> list[int]:
+    """The seeds to run: `listed` (comma-separated) when given, else 0..count-1 (none for count 0 when
+    `merging`: the table then comes from --merge-csv alone)."""
     if listed:
         try:
             seeds = sorted({int(t) for t in listed.split(",") if t.strip()})
@@ -83,8 +85,8 @@ def _seeds(count: int, listed: str | None) -> list[int]:
         if not seeds or min(seeds) < 0:
             raise MunkeyError(f"--seed-list needs at least one seed, none negative; got {listed!r}.")
         return seeds
-    if count < 1:
-        raise MunkeyError("--seeds must be at least 1.")
+    if count < 1 and not (merging and count == 0):
+        raise MunkeyError("--seeds must be at least 1 (0 only with --merge-csv).")
     return list(range(count))
 
 
@@ -110,7 +112,9 @@ class FidelityBench:
 
         self.args = args
         self.rates = _floats(args.rates)
-        self.seeds = _seeds(args.seeds, getattr(args, "seed_list", None))
+        self.merge_csv: list[str] = list(getattr(args, "merge_csv", None) or [])
+        self.seeds = _seeds(args.seeds, getattr(args, "seed_list", None), merging=bool(self.merge_csv))
+        self.merged_seeds: list[int] = []  # seeds whose rows come from --merge-csv
         self.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
@@ -411,6 +415,11 @@ class FidelityBench:
                  f"forgetting step alone. Wall time of this invocation: {wall:.0f} s ({self.trained} model(s) "
                  "trained by it; cells and models found in --work are read, not recomputed).", "",
                  "Command: `munkey " + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "`", ""]
+        if self.merged_seeds:
+            lines += [f"Merged: the rows of seed(s) {', '.join(map(str, self.merged_seeds))} are read from "
+                      f"{', '.join(self.merge_csv)} (--merge-csv: measured by an earlier invocation with the same "
+                      "options, not re-measured here); means and standard deviations are over all seeds as one "
+                      "invocation computes them.", ""]
         for rate in self.rates:
             here = [r for r in rows if r["rate"] == rate]
             floors = {o: [r["AvgGap"] for r in here if r["method"] == FLOOR[o]] for o in FLOOR}
@@ -438,13 +447,18 @@ class FidelityBench:
             lines += self._settings_lines(here)
             chosen = [f"seed {r['seed']}: epoch {r['epoch']}" for r in rows
                       if r["rate"] == rate and r["method"] == SELECTED]
-            audited = [v for (r, _), v in self.audited.items() if r == rate]
+            audited = [v for (r, _), v in sorted(self.audited.items()) if r == rate]
+            table_seeds = list(dict.fromkeys(r["seed"] for r in here))
+            without = [s for s in table_seeds if (rate, s) not in self.audited]
             if audited:
                 lines += ["", "MUNKEY's forgetting as the product does it (an audited, durable `munkey forget` "
                           "request on a copy of the run: journal, bank and checkpoints purged on disk, audit entry, "
                           f"receipt; no evaluation): {mean_sd([v['request_seconds'] for v in audited])} s per "
                           f"request of {audited[0]['deleted']} ids, of which the deletion proper (commit point to "
-                          f"bank saved) {mean_sd([v['deletion_seconds'] for v in audited])} s."]
+                          f"bank saved) {mean_sd([v['deletion_seconds'] for v in audited])} s"
+                          + (f" (seeds {', '.join(str(s) for s in table_seeds if s not in without)} only: the CSV "
+                             f"of seed(s) {', '.join(map(str, without))} carries no audited request)." if without
+                             else ".")]
             if chosen:
                 lines += ["", f"Selected checkpoints (Ps <= {a.max_ps:g}, lowest Avg Gap on a validation forget split "
                           f"of {a.val_rate:g}): " + ", ".join(chosen) + "."]
@@ -477,13 +491,24 @@ class FidelityBench:
             print("--methods is empty: measuring MUNKEY and its M-oracle only (no plain ViT, T-oracle or post-hoc "
                   "rows, so no ViT is trained)")
         print(f"MUNKEY design: {self.design}; models cached under {self.work}")
+        read, read_audited = read_rows(self.merge_csv, self.rates) if self.merge_csv else ([], {})
+        clash = sorted({r["seed"] for r in read} & set(self.seeds))
+        if clash:  # fail before hours of training, not after
+            raise MunkeyError(f"--merge-csv: seed(s) {clash} are both in the CSV and asked for here; leave them out "
+                              "of --seed-list.")
+        merged(read, [], self.rates, optional=(SELECTED,))  # the CSVs' own checks, before training too
         rows: list[dict] = []
         for rate, seed in tqdm(cells, desc="fidelity", unit="cell", dynamic_ncols=True):
             rows += self.cell(rate, seed)
+        if read:
+            rows = merged(read, rows, self.rates, optional=(SELECTED,))
+            self.merged_seeds = sorted({r["seed"] for r in read})
+            self.seeds = sorted(set(self.seeds) | set(self.merged_seeds))
+            self.audited.update(read_audited)
         text = self.table(rows, time.perf_counter() - t0)
         print(text)
         print(f"\ntrained {self.trained} model(s) in this run; cached models under {self.work}")
         if self.args.out:
             name = f"fidelity_{self.args.dataset.replace(':', '_').replace('/', '_')}"
-            write_tables(self.args.out, name, text + "\n", rows, COLUMNS)
+            write_tables(self.args.out, name, text + "\n", with_audited(rows, self.audited), COLUMNS)
         return 0

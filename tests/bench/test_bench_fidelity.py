@@ -170,3 +170,78 @@ def test_bench_fidelity_tune_prints_the_chosen_settings(cache_dir: Path, tmp_pat
     line = next(x for x in md.splitlines() if x.startswith("- ssd:"))
     assert "fixed settings alpha=5 lam=1" in line and f"seed 0: {tuned['settings']} (validation Avg Gap" in line
     assert main(argv) == 0 and "trained 0 model(s)" in capsys.readouterr().out  # resumes from the cache
+
+
+def _table_lines(md: str) -> list[str]:
+    """The table's lines, without those that name the invocation (its wall time, command, merged CSVs)."""
+    return [x for x in md.splitlines() if x and not x.startswith(("MIA attack:", "Command:", "Merged:"))]
+
+
+@pytest.mark.timeout(1800)  # six tiny models on a shared machine
+def test_bench_fidelity_merge_csv_equals_one_invocation_over_the_seeds(cache_dir: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """Two single-seed invocations merged with --merge-csv give the table (and CSV) of one invocation over
+    both seeds; a stored CSV plus a measured seed gives it too; what cannot share a table is refused.
+    MUNKEY rows only (the post-hoc rows merge the same way: the committed table test below)."""
+    import statistics
+
+    base = ["bench", "fidelity", "--dataset", "digits", "--profile", "tiny", "--rates", "0.1", "--epochs", "2",
+            "--methods", "", "--floor-oracles", "1", "--work", str(tmp_path / "work")]
+    assert main(base + ["--seeds", "2", "--out", str(tmp_path / "both")]) == 0
+    assert main(base + ["--seed-list", "0", "--out", str(tmp_path / "s0")]) == 0
+    assert main(base + ["--seed-list", "1", "--out", str(tmp_path / "s1")]) == 0
+    csv0, csv1 = str(tmp_path / "s0" / "fidelity_digits.csv"), str(tmp_path / "s1" / "fidelity_digits.csv")
+    assert main(base + ["--seeds", "0", "--merge-csv", csv0, csv1, "--out", str(tmp_path / "merged")]) == 0
+    assert "trained 0 model(s)" in capsys.readouterr().out
+    both = (tmp_path / "both" / "fidelity_digits.md").read_text()
+    merged_md = (tmp_path / "merged" / "fidelity_digits.md").read_text()
+    assert _table_lines(merged_md) == _table_lines(both)
+    assert "2 seed(s) (0, 1)" in merged_md and "Merged: the rows of seed(s) 0, 1 are read from" in merged_md
+    # the CSV too, byte for byte: the rows read back are the numbers written (audited requests included)
+    assert (tmp_path / "merged" / "fidelity_digits.csv").read_text() == (tmp_path / "both" / "fidelity_digits.csv").read_text()
+    # the MUNKEY cell is the mean ± sample sd of the two seeds' Avg Gaps, computed here from the per-seed CSVs
+    gaps = [float(next(r for r in csv.DictReader(open(c)) if r["method"] == "MUNKEY (key deletion)")["AvgGap"])
+            for c in (csv0, csv1)]
+    line = next(x for x in merged_md.splitlines() if x.startswith("| MUNKEY (key deletion) |"))
+    assert line.split("|")[9].strip() == f"{statistics.mean(gaps):.2f} ± {statistics.stdev(gaps):.2f}"
+    # a stored CSV of seed 0 written before the audited columns, plus seed 1 measured here: the same table,
+    # the audited line saying which seeds it covers
+    old = tmp_path / "old.csv"
+    with open(csv0, newline="") as fh, open(old, "w", newline="") as out:
+        reader = csv.DictReader(fh)
+        keep = [c for c in reader.fieldnames if not c.startswith("audited_")]
+        w = csv.DictWriter(out, fieldnames=keep, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(reader)
+    assert main(base + ["--seed-list", "1", "--merge-csv", str(old), "--out", str(tmp_path / "plus1")]) == 0
+    plus1 = (tmp_path / "plus1" / "fidelity_digits.md").read_text()
+    differ = [(a, b) for a, b in zip(_table_lines(plus1), _table_lines(both)) if a != b]
+    assert len(differ) == 1 and "audited, durable" in differ[0][0] and "(seeds 1 only: the CSV of seed(s) 0" in differ[0][0]
+    capsys.readouterr()
+    # refused: a seed both read and asked for; cells with other rows (here: a noise-floor row missing)
+    assert main(base + ["--seed-list", "0,1", "--merge-csv", csv0, "--out", str(tmp_path / "x")]) == 2
+    assert "both in the CSV" in capsys.readouterr().err
+    short = tmp_path / "short.csv"
+    lines = open(csv1).read().splitlines(keepends=True)
+    short.write_text("".join(x for x in lines if "Noise floor: M-oracle" not in x))
+    assert short.read_text() != open(csv1).read()
+    assert main(base + ["--seeds", "0", "--merge-csv", csv0, str(short), "--out", str(tmp_path / "x")]) == 2
+    assert "hold different rows" in capsys.readouterr().err
+    assert main(base + ["--seeds", "0", "--out", str(tmp_path / "x")]) == 2  # --seeds 0 only with --merge-csv
+
+
+def test_bench_fidelity_committed_digits_table_is_what_its_csv_renders(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """The committed tuned + strong digits table, rendered again from its own CSV by --merge-csv alone
+    (--seeds 0: nothing trained or measured): the same table, post-hoc rows and tuned settings included."""
+    folder = Path(__file__).resolve().parents[2] / "docs" / "results" / "tuned_strong"
+    argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "cpu", "--seeds", "0", "--rates", "0.1",
+            "--vit-shift", "0", "--tune", "--mia", "strong", "--floor-oracles", "2", "--work", str(tmp_path / "w"),
+            "--merge-csv", str(folder / "fidelity_digits.csv"), "--out", str(tmp_path / "out")]
+    assert main(argv) == 0 and "trained 0 model(s)" in capsys.readouterr().out
+    again = _table_lines((tmp_path / "out" / "fidelity_digits.md").read_text())
+    committed = _table_lines((folder / "fidelity_digits.md").read_text())
+    # the audited request's seconds are not in a CSV written before its audited columns: that line aside
+    kept = lambda lines: [x for x in lines if x and "audited, durable" not in x]  # noqa: E731
+    assert kept(again) == kept(committed)
+    assert any(x.startswith("| neggrad+ (tuned) | T |") for x in again) and any("Post-hoc settings" in x for x in again)
