@@ -14,12 +14,10 @@ Tests: tests/audit/test_audit.py, tests/audit/test_receipt_html.py (the page: es
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
 import markupsafe
 
 from munkey_core import __version__
@@ -208,8 +206,10 @@ def verify_receipt(receipt: dict, root: str | Path | None = None, url: str | Non
 
 
 # --------------------------------------------------------------------------- HTML
-# The page is a Jinja2 template with autoescaping on: every value from the receipt is escaped by the
-# template engine, and markup comes only from the template itself.
+# The page is written directly, every value from the receipt escaped by markupsafe (what Jinja2's
+# autoescaping calls): markup comes only from the fixed strings below. (It was a Jinja2 template;
+# importing Jinja2 and compiling the template took about a tenth of a `munkey forget`. The page is
+# the same bytes: tests/audit/test_receipt_html.py renders the old template as its oracle.)
 
 
 @dataclass(frozen=True)
@@ -243,72 +243,61 @@ font-size:.85rem;word-break:break-all}.ok{color:#116329;font-weight:600}.bad{col
 .na{color:#666}.note{color:#444;font-size:.9rem}.badge{display:inline-block;padding:.2rem .6rem;border-radius:.3rem;
 background:#e6f4ea;color:#116329;font-weight:600}.badge.bad{background:#fde7ea}"""
 
-_TEMPLATE = """\
-{%- macro cell(c) -%}
-{%- if c is code -%}{{ c.before }}<code>{{ c.text }}</code>
-{%- elif c is status -%}
-{%- if c.ok is none %}<span class="na">not checked</span>{% elif c.ok %}<span class="ok">passed</span>
-{%- else %}<span class="bad">FAILED</span>{% endif -%}
-{%- else -%}{{ c | fmt }}{%- endif -%}
-{%- endmacro -%}
-{%- macro table(rows, head=none) -%}
-<table>{% if head %}<tr>{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>{% endif %}
-{%- for r in rows %}<tr>{% for c in r %}<td>{{ cell(c) }}</td>{% endfor %}</tr>{% endfor %}</table>
-{%- endmacro -%}
-<!doctype html><html lang=en><head><meta charset=utf-8><title>MUNKEY receipt {{ request_id }}</title>
-<style>{{ css | safe }}</style></head><body>
-<h1>{{ title }}</h1><p><span class="badge{{ ' bad' if badge_bad }}">{{ badge }}</span></p>
-{% for s in sections %}
-<h2>{{ s.title }}</h2>
-{%- for p in s.before %}<p>{{ p }}</p>{% endfor %}
-{%- for t in s.tables %}{% if t.html is none %}{{ table(t.rows, t.head) }}{% else %}{{ t.html }}{% endif %}{% endfor %}
-{%- for p in s.notes %}<p class=note>{{ p }}</p>{% endfor %}
-{% endfor %}
-<p>To check this receipt with only the operator's public key: <code>munkey audit verify-receipt {{ request_id }}.json
---public-key KEY</code>; against the run's audit log too: add the run folder. The JSON file is the authoritative receipt;
-this page shows it.</p></body></html>
-"""
+_STATUS = {None: '<span class="na">not checked</span>', True: '<span class="ok">passed</span>',
+           False: '<span class="bad">FAILED</span>'}
 
 
-@functools.lru_cache(maxsize=1)
-def _template() -> jinja2.Template:
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    env.tests["code"] = lambda v: isinstance(v, _Code)
-    env.tests["status"] = lambda v: isinstance(v, _Status)
-    env.filters["fmt"] = _fmt
-    return env.from_string(_TEMPLATE)
+def _esc(v: object) -> str:
+    return str(markupsafe.escape(v))
 
 
-def _section(title: str, *tables: dict, before: tuple = (), notes: tuple = ()) -> dict:
+def _cell(c: object) -> str:
+    """One table cell's content: a `_Code`, a `_Status` or a plain value (escaped once)."""
+    if isinstance(c, _Code):
+        return f"{_esc(c.before)}<code>{_esc(c.text)}</code>"
+    if isinstance(c, _Status):
+        return _STATUS[None if c.ok is None else bool(c.ok)]
+    return _esc(_fmt(c))
+
+
+def _table(rows: list[tuple], head: tuple | None = None) -> str:
+    """A table: an optional header row of plain labels, then one row per tuple of cells."""
+    parts = ["<table>"]
+    if head:
+        parts += ["<tr>", *(f"<th>{_esc(h)}</th>" for h in head), "</tr>"]
+    parts += ["<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in r) + "</tr>" for r in rows]
+    parts.append("</table>")
+    return "".join(parts)
+
+
+def _section(title: str, *tables: str, before: tuple = (), notes: tuple = ()) -> dict:
     return {"title": title, "tables": list(tables), "before": [p for p in before if p], "notes": list(notes)}
 
 
-def _tab(rows: list[tuple], head: tuple | None = None) -> dict:
-    return {"rows": rows, "head": head, "html": None}
-
-
-def _plain_tab(rows: list[tuple], head: tuple) -> dict:
-    """A table of plain values and `_Code` cells written directly, as the template's `table` macro
-    writes it (same escaping): the samples table of a large request has thousands of cells, and one
-    macro call per cell made it the slowest part of a receipt."""
-    esc = markupsafe.escape
-
-    def cell(c) -> str:
-        return f"{esc(c.before)}<code>{esc(c.text)}</code>" if isinstance(c, _Code) else str(esc(_fmt(c)))
-
-    parts = ["<table><tr>", *(f"<th>{esc(h)}</th>" for h in head), "</tr>"]
-    parts += ["<tr>" + "".join(f"<td>{cell(c)}</td>" for c in r) + "</tr>" for r in rows]
-    parts.append("</table>")
-    return {"rows": [], "head": head, "html": markupsafe.Markup("".join(parts))}
+def _page(*, request_id: object, title: str, badge: str, badge_bad: bool, sections: list[dict]) -> str:
+    """The whole page around the sections (`tables` already written by `_table`)."""
+    out = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>MUNKEY receipt {_esc(request_id)}</title>\n"
+           f"<style>{_CSS}</style></head><body>\n"
+           f'<h1>{_esc(title)}</h1><p><span class="badge{" bad" if badge_bad else ""}">{_esc(badge)}</span></p>\n']
+    for s in sections:
+        out.append(f"\n<h2>{_esc(s['title'])}</h2>")
+        out += [f"<p>{_esc(p)}</p>" for p in s["before"]]
+        out += s["tables"]
+        out += [f"<p class=note>{_esc(p)}</p>" for p in s["notes"]]
+        out.append("\n")
+    out.append(f"\n<p>To check this receipt with only the operator's public key: <code>munkey audit verify-receipt "
+               f"{_esc(request_id)}.json\n--public-key KEY</code>; against the run's audit log too: add the run "
+               "folder. The JSON file is the authoritative receipt;\nthis page shows it.</p></body></html>")
+    return "".join(out)
 
 
 def render_html(receipt: dict) -> str:
-    """A self-contained, readable page for a receipt (every value escaped by the template engine)."""
+    """A self-contained, readable page for a receipt (every value escaped once)."""
     entry = receipt["entry"]
     b = entry["body"]
     refused = b.get("kind") == "refused"
     ev = b.get("evidence") or {}
-    sections = [_section("Request", _tab([
+    sections = [_section("Request", _table([
         ("Request id", _Code(b.get("request_id"))), ("Operator", b.get("operator")),
         ("Data subject (pseudonymous reference)", b.get("subject_ref")), ("Received (UTC)", b.get("received")),
         ("Executed (UTC)", b.get("executed")), ("Method", b.get("method")), ("Dataset", b.get("dataset")),
@@ -324,12 +313,12 @@ def render_html(receipt: dict) -> str:
         intro = (f"{len(samples)} training sample(s) deleted by this request"
                  + (f"; {len(already)} named id(s) had been deleted by earlier requests: "
                     f"{', '.join(map(str, already))}" if already else "") + ".")
-        sample_tables = [_plain_tab([(s["id"], _Code(s.get("memory_sha256")), _Code(s.get("image_sha256")))
-                                     for s in samples],
-                                    ("id", "memory row sha256 (key + exemplar)", "image sha256"))] if samples else []
+        sample_tables = [_table([(s["id"], _Code(s.get("memory_sha256")), _Code(s.get("image_sha256")))
+                                 for s in samples],
+                                ("id", "memory row sha256 (key + exemplar)", "image sha256"))] if samples else []
         sections.append(_section("Samples", *sample_tables, before=(intro,)))
         m, bank = b.get("model", {}), b.get("bank", {})
-        sections.append(_section("Model and memory bank", _tab([
+        sections.append(_section("Model and memory bank", _table([
             ("Model weights fingerprint", _Code(m.get("before")), _Code(m.get("after"))),
             ("Memory bank fingerprint", _Code(bank.get("before", {}).get("fingerprint")),
              _Code(bank.get("after", {}).get("fingerprint"))),
@@ -338,13 +327,13 @@ def render_html(receipt: dict) -> str:
                                            "memory bank loses exactly the deleted rows.",)))
         met = b.get("metrics", {})
         mb, ma = met.get("before") or {}, met.get("after") or {}
-        sections.append(_section("Model quality (percent; Ps is a ratio)", _tab(
+        sections.append(_section("Model quality (percent; Ps is a ratio)", _table(
             [(k, mb.get(k), ma.get(k)) for k in ("TA", "RA", "FA", "MIA", "Ps")], ("metric", "before", "after")),
             notes=(f"Before: {met.get('before_source')}. After: {met.get('after_source')}. TA test accuracy, RA "
                    "retained training samples, FA all samples deleted so far, MIA membership attack AUC (50 = "
                    "indistinguishable from unseen data).",)))
         own, probe = ev.get("own_key_search", {}), ev.get("probe_search", {})
-        checks = _tab([
+        checks = _table([
             (f"Search with the deleted samples' own keys ({own.get('queries')} queries, top {ev.get('k')})",
              _Status(not own.get("retrieved") if own.get("queries") else None)),
             (f"Search with a probe set ({probe.get('set')}, {probe.get('queries')} queries, top {ev.get('k')})",
@@ -354,7 +343,7 @@ def render_html(receipt: dict) -> str:
             (f"None left in the {ev.get('checkpoints_checked')} checkpoint(s)",
              _Status(not ev.get("in_checkpoints") if ev else None)),
         ], ("check", "result"))
-        measures = _tab([
+        measures = _table([
             ("FA on this request's samples, before", ev.get("request_FA_before")),
             ("FA on this request's samples, after", ev.get("request_FA_after")),
             ("Accuracy on unseen test samples of the same classes", ev.get("TA_same_classes")),
@@ -371,7 +360,7 @@ def render_html(receipt: dict) -> str:
             notes.append("This deletion was interrupted and finished automatically when the run was next opened.")
         sections.append(_section("Evidence after the deletion", checks, measures, notes=tuple(notes)))
     head = receipt.get("log_head") or {}
-    sections.append(_section("Integrity", _tab([
+    sections.append(_section("Integrity", _table([
         ("Log entry", f"#{entry['seq']}"), ("Entry hash", _Code(entry["entry_hash"])),
         ("Previous entry's hash", _Code(entry["prev_hash"])),
         ("Log head when issued", _Code(head.get("hash"), before=f"#{head.get('seq')} ")),
@@ -382,7 +371,6 @@ def render_html(receipt: dict) -> str:
     ])))
     badge = ("refused: nothing was deleted" if refused else "deleted and verified" if ev.get("passed") else
              "deleted; a post-deletion check FAILED")
-    return _template().render(
-        request_id=receipt["request_id"], css=_CSS, sections=sections, badge=badge,
-        badge_bad=refused or not ev.get("passed"),
-        title="Refused deletion request" if refused else "Deletion receipt")
+    return _page(request_id=receipt["request_id"], sections=sections, badge=badge,
+                 badge_bad=bool(refused or not ev.get("passed")),
+                 title="Refused deletion request" if refused else "Deletion receipt")

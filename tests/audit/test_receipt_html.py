@@ -1,10 +1,12 @@
-"""The receipt's readable page (audit.receipts.render_html, a Jinja2 template with autoescaping):
-every value taken from the receipt is escaped exactly once, whatever it holds, and the page shows
-the receipt's facts. Built on the real sample receipt in docs/."""
+"""The receipt's readable page (audit.receipts.render_html, written directly with markupsafe's escaping):
+every value taken from the receipt is escaped exactly once, whatever it holds, the page shows the
+receipt's facts, and it is byte for byte the page the Jinja2 template wrote before (recorded hashes).
+Built on the real sample receipt in docs/."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from html.parser import HTMLParser
 from pathlib import Path
@@ -78,3 +80,37 @@ def test_a_refused_request_escapes_its_reason_and_ids() -> None:
     page = _Page(render_html(r))
     assert "Refused deletion request" in page.visible and "refused: nothing was deleted" in page.visible
     assert page.visible.count(HOSTILE) == 3 and "script" not in page.tags and "img" not in page.tags
+
+
+# sha256 of the pages the Jinja2 template (autoescape on, StrictUndefined; receipts.py up to d99bf48)
+# wrote for these receipts. The direct writer must write the same bytes; a deliberate change of the
+# page changes these.
+_TEMPLATE_PAGES = {
+    "sample": "e98005ca601853d0576ad91be12c4f02502595240b9e87085046989dd4a5b34e",
+    "hostile": "1289b3714b4d1fca28fdae7ff61a8624d4e99dc9dab63faecf3825c340dbc6f6",
+    "refused": "caa095e15538605288e814ea0b5dfe174af18807c233fa1e5b189975d44619ec",
+    "failed": "df91db42678a598510237f057f04ca65233e434277adc85cf8a9d0ec0b9c4f4c",
+    "empty": "7a329e475667f24355d1db487a41c172b079206d6624a940ebf1863b80f22c70",
+}
+
+
+def _cases() -> dict[str, dict]:
+    refused = copy.deepcopy(SAMPLE)
+    refused["entry"]["body"] = {"kind": "refused", "request_id": "req-1", "operator": HOSTILE, "reason": HOSTILE,
+                                "requested_ids": [1, 2, HOSTILE]}
+    failed = copy.deepcopy(SAMPLE)  # every status kind, the optional rows filled, unsigned
+    b = failed["entry"]["body"]
+    b["evidence"].update({"passed": False, "in_checkpoints": {"e.rows": [1]}, "TPR@1%": 0.5, "TPR@0.1%": 0.25,
+                          "FA_minus_TA_same_classes": -1.5})
+    b["evidence"]["own_key_search"]["queries"] = 0
+    b.update({"recovered": True, "already_deleted": [5, 6]})
+    del failed["signature"]
+    empty = copy.deepcopy(SAMPLE)  # fields missing or None
+    empty["entry"]["body"] = {"kind": "deletion", "request_id": None}
+    empty["log_head"] = None
+    return {"sample": SAMPLE, "hostile": _hostile(SAMPLE), "refused": refused, "failed": failed, "empty": empty}
+
+
+def test_the_page_is_the_one_the_template_wrote() -> None:
+    pages = {name: hashlib.sha256(render_html(r).encode("utf-8")).hexdigest() for name, r in _cases().items()}
+    assert pages == _TEMPLATE_PAGES
