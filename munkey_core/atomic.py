@@ -48,9 +48,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write `obj` as indented UTF-8 JSON, atomically."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+def atomic_write_json(path: Path, obj: Any, *, compact: bool = False) -> None:
+    """Write `obj` as indented UTF-8 JSON, atomically; `compact`: on one line, for files only the
+    program reads (json's C encoder writes that, ~10x faster than the indented form)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":")) if compact else json.dumps(obj, indent=2,
+                                                                                             sort_keys=True)
+    atomic_write_bytes(path, (text + "\n").encode("utf-8"))
 
 
 def atomic_torch_save(path: Path, obj: Any) -> None:

@@ -85,8 +85,8 @@ class SqliteStore:
             self.conn.execute("PRAGMA journal_mode=DELETE")
             self.conn.execute("PRAGMA synchronous=FULL")
             self.conn.execute("PRAGMA secure_delete=ON")
-            if create:
-                self.conn.executescript(_SQLITE_SCHEMA)
+            if create:  # one transaction: all or nothing, and 4 flushes instead of 4 per statement (16)
+                self.conn.executescript("BEGIN IMMEDIATE;" + _SQLITE_SCHEMA + "COMMIT;")
         except sqlite3.DatabaseError as exc:
             raise self._damaged(exc) from None
 

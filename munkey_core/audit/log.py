@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from munkey_core.audit.backends import SQLITE_NAME, PostgresStore, Row, SqliteStore, Store, describe_postgres
-from munkey_core.audit.canonical import canonical_bytes, canonical_json, sha256_hex
+from munkey_core.audit.canonical import Encoded, canonical_bytes, canonical_json, sha256_hex
 from munkey_core.audit import signing
 from munkey_core.errors import MunkeyError
 from munkey_core.run.lock import crash_point
@@ -53,8 +53,8 @@ def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def entry_hash(run_id: str, seq: int, prev_hash: str, body: dict) -> str:
-    """The hash an entry must carry (see the module docstring)."""
+def entry_hash(run_id: str, seq: int, prev_hash: str, body: dict | Encoded) -> str:
+    """The hash an entry must carry (see the module docstring); `body` may be given encoded already."""
     return sha256_hex(canonical_bytes({"format": LOG_FORMAT, "run_id": run_id, "seq": seq,
                                        "prev_hash": prev_hash, "body": body}))
 
@@ -67,6 +67,7 @@ class Entry:
     prev_hash: str
     entry_hash: str
     body: dict
+    text: str | None = field(default=None, compare=False, repr=False)  # body's canonical JSON, when known
 
     @property
     def request_id(self) -> str:
@@ -113,7 +114,8 @@ def _content_ok(row: Row, run_id: str, seq: int | None = None) -> bool:
         return False
     if body.get("kind") != row.kind or body.get("request_id") != row.request_id or body.get("run_id") != run_id:
         return False
-    return entry_hash(run_id, row.seq if seq is None else seq, row.prev_hash, body) == row.entry_hash
+    # row.body is the body's canonical text (just checked): hash it without encoding the body again
+    return entry_hash(run_id, row.seq if seq is None else seq, row.prev_hash, Encoded(row.body)) == row.entry_hash
 
 
 def _plural(n: int) -> str:
@@ -202,8 +204,11 @@ class AuditLog:
         return [Entry(r.seq, r.prev_hash, r.entry_hash, _parse(r) or {}) for r in self.rows()]
 
     def head(self) -> Entry | None:
-        entries = self.entries()
-        return entries[-1] if entries else None
+        rows = self.rows()
+        if not rows:
+            return None
+        r = rows[-1]
+        return Entry(r.seq, r.prev_hash, r.entry_hash, _parse(r) or {})
 
     def find(self, request_id: str) -> Entry | None:
         return next((e for e in self.entries() if e.request_id == request_id), None)
@@ -230,13 +235,13 @@ class AuditLog:
         The caller holds the run lock."""
         if body.get("run_id") != self.run_id:
             raise ValueError("entry body must carry this log's run_id")
-        text = canonical_json(body)
+        text = canonical_json(body)  # encoded once: the row, its hash and the receipt reuse it
 
         def build(head: Row | None) -> Row:
             seq = head.seq + 1 if head else 1
             prev = head.entry_hash if head else GENESIS
             return Row(seq, str(body["request_id"]), str(body["kind"]), prev,
-                       entry_hash(self.run_id, seq, prev, body), text)
+                       entry_hash(self.run_id, seq, prev, Encoded(text)), text)
 
         def before_commit(row: Row) -> None:
             atomic_write_json(self.root / PENDING_NAME, {"seq": row.seq, "hash": row.entry_hash})
@@ -246,7 +251,7 @@ class AuditLog:
         crash_point("audit-committed")
         self._anchor(row.seq, row.entry_hash)
         crash_point("audit-head")
-        return Entry(row.seq, row.prev_hash, row.entry_hash, body)
+        return Entry(row.seq, row.prev_hash, row.entry_hash, body, text)
 
     def _anchor(self, seq: int, hash_: str) -> None:
         key = self.signer_key()

@@ -9,7 +9,9 @@ run's log is intact (log.verify_run); the log still holds this very entry; and t
 the head the receipt saw (so nothing up to it was rewritten since). Receipts of format 1 (older,
 unsigned) verify as "unsigned (older format)".
 Files: `<run>/receipts/<request_id>.json` and `.html` (self-contained, no external resources).
-Tests: tests/audit/test_audit.py, tests/audit/test_receipt_html.py (the page: escaping, content).
+Tests: tests/audit/test_audit.py, tests/audit/test_receipt_html.py (the page: escaping, content, the same
+bytes as the Jinja2 template it replaced), tests/audit/test_canonical_oracle.py (hash and signature
+against an independent RFC 8785 encoder).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import markupsafe
 from munkey_core import __version__
 from munkey_core.audit import signing
 from munkey_core.audit.log import AuditLog, Entry, entry_hash, now_utc, open_log, verify_run
-from munkey_core.audit.canonical import canonical_bytes, sha256_hex
+from munkey_core.audit.canonical import Encoded, canonical_bytes, sha256_hex
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_bytes, atomic_write_json
 
@@ -53,8 +55,10 @@ def build_receipt(log: AuditLog, entry: Entry) -> dict:
         "public_key": key,
         "how_to_verify": "munkey audit verify-receipt RECEIPT.json [RUN_DIR] --public-key KEY",
     }
-    receipt["receipt_sha256"] = sha256_hex(canonical_bytes(receipt))
-    receipt["signature"] = signing.signer(log.root).sign(signed_content(receipt))
+    # hashed and signed with the body's canonical text when the entry carries it (the same bytes)
+    fast = receipt if entry.text is None else {**receipt, "entry": {**receipt["entry"], "body": Encoded(entry.text)}}
+    receipt["receipt_sha256"] = fast["receipt_sha256"] = sha256_hex(canonical_bytes(fast))
+    receipt["signature"] = signing.signer(log.root).sign(signed_content(fast))
     return receipt
 
 
@@ -248,7 +252,10 @@ _STATUS = {None: '<span class="na">not checked</span>', True: '<span class="ok">
 
 
 def _esc(v: object) -> str:
-    return str(markupsafe.escape(v))
+    """`v` as HTML text, escaped once. Letters and digits only (ids, hashes: most cells of a large
+    request) need no escaping and skip the call."""
+    text = v if type(v) is str else str(v)
+    return text if text.isalnum() else str(markupsafe.escape(text))
 
 
 def _cell(c: object) -> str:

@@ -263,7 +263,7 @@ def forget(run: LoadedMunkeyRun, ids: Sequence[int], *, operator: str | None = N
                 keys = own_keys(run, ids)  # in memory only: the deleted keys are never written anywhere
                 crash_point("validated")
                 t0 = time.perf_counter()  # the deletion proper: from the commit point to the bank saved
-                atomic_write_json(run.paths.root / JOURNAL_NAME, journal)  # the commit point
+                atomic_write_json(run.paths.root / JOURNAL_NAME, journal, compact=True)  # the commit point
                 crash_point("journal")
                 report("deleting", 0.45)
                 try:
@@ -332,13 +332,16 @@ def _prepare(run: LoadedMunkeyRun, log: AuditLog, request_id: str, ids: list[int
         fa_before = evaluation.accuracy_on_ids(run, todo)
     elif not todo:
         source_b = "not evaluated: this request deletes nothing new"
-    return plain({
-        "format": 1, "request_id": request_id, "ids": todo, "requested": ids, "already_deleted": already,
+    journal = plain({
+        "format": 1, "request_id": request_id, "already_deleted": already,
         "operator": operator, "subject_ref": log.subject_ref(subject), "received": received, "source": source,
-        "evaluate": bool(evaluate), "max_samples": int(max_samples), "samples": samples, "samples_note": note,
+        "evaluate": bool(evaluate), "max_samples": int(max_samples), "samples_note": note,
         "model_before": run.model_fingerprint, "bank_before": {"fingerprint": bank_fp, "size": len(run.bank)},
         "metrics_before": _metrics(before), "metrics_before_source": source_b, "request_FA_before": fa_before,
     })
+    # plain already (Python ints, hex strings): not walked again, 1,000 samples are a few thousand values
+    journal.update({"ids": todo, "requested": ids, "samples": samples})
+    return journal
 
 
 def apply_journal(run: DeletionTarget, journal: dict) -> None:
@@ -427,8 +430,8 @@ def _record(run: LoadedMunkeyRun, log: AuditLog, journal: dict, m: dict, *, seco
     body = plain({
         "kind": "deletion", "request_id": rid, "run_id": log.run_id, "dataset": run.config.get("dataset"),
         "operator": journal["operator"], "subject_ref": journal["subject_ref"], "received": journal["received"],
-        "executed": m["executed"], "method": METHOD, "source": journal["source"], "requested_ids": requested,
-        "samples": journal["samples"], "already_deleted": journal["already_deleted"],
+        "executed": m["executed"], "method": METHOD, "source": journal["source"],
+        "already_deleted": journal["already_deleted"],
         "model": {"before": journal["model_before"], "after": m["model_after"]},
         "bank": {"before": journal["bank_before"], "after": m["bank_after"]},
         "metrics": {"before": journal["metrics_before"], "before_source": journal["metrics_before_source"],
@@ -436,6 +439,7 @@ def _record(run: LoadedMunkeyRun, log: AuditLog, journal: dict, m: dict, *, seco
         "evidence": m["evidence"], "recovered": m["recovered"], "notes": m["notes"],
         "software": f"munkey-core {__version__}", "signer": log.signer_key(),
     })
+    body.update({"requested_ids": requested, "samples": journal["samples"]})  # plain already (the journal's)
     entry = log.find(rid) or log.append(body)
     js, page = receipts.issue(run.paths.root, log, entry)
     crash_point("receipt")

@@ -1,17 +1,24 @@
 """The audit log's canonical JSON (munkey_core.audit.canonical) against the maintained `rfc8785`
 package as an independent oracle: byte for byte on a seeded corpus of floats (every exponent,
 subnormals, shortest round-trip cases), integers up to the safe limit, unicode (astral planes, whose
-keys sort by UTF-16 code units, controls, U+2028) and nesting; and the same values refused."""
+keys sort by UTF-16 code units, controls, U+2028) and nesting; and the same values refused. A value
+encoded once (`encoded`) and nested in larger ones, and a logged entry with its receipt (whose hashes
+and signature are computed that way), match the oracle's encoding of the whole."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import math
 import random
 import struct
+from pathlib import Path
 
 import pytest
 
-from munkey_core.audit.canonical import canonical_bytes
+from munkey_core.audit import log as audit
+from munkey_core.audit import receipts
+from munkey_core.audit.canonical import canonical_bytes, encoded
 
 rfc8785 = pytest.importorskip("rfc8785", reason="the test oracle: pip install 'munkey-core[test]'")
 
@@ -104,3 +111,66 @@ def test_values_the_oracle_refuses_are_refused(bad) -> None:
         rfc8785.dumps(bad)
     with pytest.raises((ValueError, TypeError)):
         canonical_bytes(bad)
+
+
+def test_a_value_encoded_once_nests_as_the_oracle_encodes_it() -> None:
+    rng = random.Random(2026)
+    for i in range(400):
+        value = _random_value(rng)
+        outer = {"body": value, "z": [value, 1], "\U0001f600": {"a": value}}
+        fast = {"body": encoded(value), "z": [encoded(value), 1], "\U0001f600": {"a": encoded(value)}}
+        assert canonical_bytes(fast) == rfc8785.dumps(outer), f"corpus item {i}: {value!r}"
+
+
+def test_an_entry_and_its_receipt_hash_and_sign_what_the_oracle_encodes(tmp_path: Path) -> None:
+    """The log row, the entry hash, receipt_sha256 and the signature are all computed from the body's
+    text encoded once; each must equal the hash (or verify over the bytes) of the oracle's encoding."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    log = audit.open_log(tmp_path, create=True)
+    body = {"kind": "deletion", "request_id": "r1", "run_id": log.run_id, "operator": "Dana Ortiz (DPO) \u00e9",
+            "samples": [{"id": i, "memory_sha256": f"{i:064x}", "image_sha256": None} for i in range(1000)],
+            "requested_ids": list(range(1000)), "metrics": {"after": {"TA": 97.49303621169916, "Ps": 0.07}}}
+    entry = log.append(body)
+    row = log.rows()[-1]
+    assert row.body == rfc8785.dumps(body).decode("utf-8")
+    wrapped = {"format": audit.LOG_FORMAT, "run_id": log.run_id, "seq": 1, "prev_hash": audit.GENESIS, "body": body}
+    assert entry.entry_hash == row.entry_hash == hashlib.sha256(rfc8785.dumps(wrapped)).hexdigest()
+    r = receipts.build_receipt(log, entry)
+    rest = {k: v for k, v in r.items() if k not in ("receipt_sha256", "signature")}
+    assert r["receipt_sha256"] == hashlib.sha256(rfc8785.dumps(rest)).hexdigest()
+    signed = rfc8785.dumps({k: v for k, v in r.items() if k != "signature"})
+    Ed25519PublicKey.from_public_bytes(bytes.fromhex(r["public_key"])).verify(
+        base64.b64decode(r["signature"]["value"]), signed)  # raises if it does not verify
+    assert receipts.verify_receipt(r)["ok"] and log.verify().ok
+    log.close()
+
+
+def _random_record(rng: random.Random) -> dict:
+    def key() -> str:
+        k = _random_string(rng)
+        return k if rng.random() < 0.2 else "".join(c for c in k if c.isascii()) or "k"
+
+    def value():
+        return rng.choice([_random_string(rng), rng.choice(EDGE_STRINGS), rng.choice(EDGE_INTS),
+                           rng.randint(-1000, 10 ** 6), True, False, None])
+
+    return {key(): value() for _ in range(rng.randint(0, 5))}
+
+
+def test_lists_of_flat_records_match_the_oracle() -> None:
+    """A request's samples and the like: the path that writes them with the C JSON encoder."""
+    rng = random.Random(1000)
+    for i in range(600):
+        records = [_random_record(rng) for _ in range(rng.randint(1, 8))]
+        if rng.random() < 0.1:
+            records.append({"x": rng.choice(EDGE_FLOATS + [[1], {"a": 1}])})  # not flat: the general path
+        assert canonical_bytes(records) == rfc8785.dumps(records), f"corpus item {i}: {records!r}"
+        assert canonical_bytes({"samples": records}) == rfc8785.dumps({"samples": records})
+    samples = [{"id": i, "memory_sha256": f"{i:064x}", "image_sha256": None} for i in range(1000)]
+    assert canonical_bytes(samples) == rfc8785.dumps(samples)
+    for bad in ([{"id": 2 ** 53}], [{"id": 1}, {"id": math.nan}]):
+        with pytest.raises(Exception):
+            rfc8785.dumps(bad)
+        with pytest.raises((ValueError, TypeError)):
+            canonical_bytes(bad)
