@@ -14,7 +14,8 @@ needs the private key, which lives elsewhere. Whoever can read the run must not 
 subject pseudonym: the HMAC key is not in the run. Rotation: move the old file aside (keep it to
 match or check old records; delete it to make old pseudonyms unlinkable) and the next use creates
 a new key; every signature names its public key and every pseudonym its key id.
-Verification needs only the public key (`verify_signature`). Tests: tests/test_hostile.py.
+Verification needs only the public key (`verify_signature`). Tests: tests/test_hostile.py,
+tests/audit/test_signing_keys.py (the key file read and written without cryptography's key-file module).
 """
 
 from __future__ import annotations
@@ -44,14 +45,47 @@ def config_dir() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".config") / "munkey"
 
 
-def _crypto():
+def _ed25519():
+    """(InvalidSignature, Ed25519PrivateKey, Ed25519PublicKey): signing and checking, without the
+    key-file formats module (`serialization` and its SSH support: about half of the import)."""
     try:
         from cryptography.exceptions import InvalidSignature
-        from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
     except ImportError:
         raise MunkeyError("Signed receipts need the 'cryptography' package: pip install cryptography.") from None
+    return InvalidSignature, Ed25519PrivateKey, Ed25519PublicKey
+
+
+def _crypto():
+    InvalidSignature, Ed25519PrivateKey, Ed25519PublicKey = _ed25519()
+    from cryptography.hazmat.primitives import serialization
+
     return InvalidSignature, serialization, Ed25519PrivateKey, Ed25519PublicKey
+
+
+# The PKCS#8 DER of an Ed25519 private key without attributes (RFC 8410), as Signer writes it: this
+# prefix, then the 32-byte seed. Such a file is written and read without the `serialization` module.
+_PKCS8_ED25519 = bytes.fromhex("302e020100300506032b657004220420")
+_PEM_HEAD, _PEM_TAIL = b"-----BEGIN PRIVATE KEY-----", b"-----END PRIVATE KEY-----"
+
+
+def _plain_ed25519_pem(seed: bytes) -> bytes:
+    """The unencrypted PKCS#8 PEM of an Ed25519 key (what cryptography's PEM + PKCS8 encoding writes)."""
+    return _PEM_HEAD + b"\n" + base64.b64encode(_PKCS8_ED25519 + seed) + b"\n" + _PEM_TAIL + b"\n"
+
+
+def _plain_ed25519_seed(pem: bytes) -> bytes | None:
+    """The seed of an unencrypted PKCS#8 PEM Ed25519 key in its plain form, else None (read in full)."""
+    text = pem.strip()
+    if not (text.startswith(_PEM_HEAD) and text.endswith(_PEM_TAIL)):
+        return None
+    try:
+        der = base64.b64decode(b"".join(text[len(_PEM_HEAD):-len(_PEM_TAIL)].split()), validate=True)
+    except ValueError:
+        return None
+    if len(der) != len(_PKCS8_ED25519) + 32 or not der.startswith(_PKCS8_ED25519):
+        return None
+    return der[len(_PKCS8_ED25519):]
 
 
 def _check_private_file(path: Path) -> None:
@@ -102,20 +136,22 @@ class Signer:
     """The operator's Ed25519 private key (loaded, or created on first use)."""
 
     def __init__(self, run_root: Path | None = None, create: bool = True) -> None:
-        _, serialization, Ed25519PrivateKey, _ = _crypto()
+        _, Ed25519PrivateKey, _ = _ed25519()
         path = signing_key_path()
         refuse_inside(path, run_root)
         if not path.exists():
             if not create or os.environ.get(SIGNING_KEY_ENV):
                 raise MunkeyError(f"The signing key {path} does not exist. Create one (it is created on first use "
                                   f"when {SIGNING_KEY_ENV} is unset) or point {SIGNING_KEY_ENV} at it.")
-            pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM,
-                                                             serialization.PrivateFormat.PKCS8,
-                                                             serialization.NoEncryption())
-            _create_private_file(path, pem)
+            _create_private_file(path, _plain_ed25519_pem(Ed25519PrivateKey.generate().private_bytes_raw()))
         _check_private_file(path)
         try:
-            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+            pem = path.read_bytes()
+            seed = _plain_ed25519_seed(pem)
+            if seed is not None:  # the form this class writes: no need for the key-file formats module
+                key = Ed25519PrivateKey.from_private_bytes(seed)
+            else:
+                key = _crypto()[1].load_pem_private_key(pem, password=None)
         except (ValueError, TypeError, OSError) as exc:
             raise MunkeyError(f"The signing key {path} is unreadable ({type(exc).__name__}); restore it or point "
                               f"{SIGNING_KEY_ENV} at a PEM Ed25519 key.") from None
@@ -123,8 +159,7 @@ class Signer:
             raise MunkeyError(f"The signing key {path} is not an Ed25519 key.")
         self._key = key
         self.path = path
-        raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        self.public_key = raw.hex()
+        self.public_key = key.public_key().public_bytes_raw().hex()
 
     def sign(self, message: bytes) -> dict:
         """{algorithm, public_key (hex), value (base64)} of an Ed25519 signature over `message`."""
@@ -187,7 +222,7 @@ def parse_public_key(text: str) -> str:
 def verify_signature(signature: object, message: bytes, public_key: str | None = None) -> tuple[bool, str]:
     """(ok, why) for a signature dict made by `Signer.sign`; `public_key` (hex), when given, must be
     the key that signed. Never raises on malformed input."""
-    InvalidSignature, _, _, Ed25519PublicKey = _crypto()
+    InvalidSignature, _, Ed25519PublicKey = _ed25519()
     if not isinstance(signature, dict) or signature.get("algorithm") != ALGORITHM:
         return False, "the signature is missing or not an Ed25519 signature"
     pub, value = signature.get("public_key"), signature.get("value")

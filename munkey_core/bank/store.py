@@ -46,8 +46,8 @@ import hashlib
 import json
 import os
 import struct
+import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Sequence
@@ -291,22 +291,19 @@ class BankStore:
         """The moves of a swap-with-last delete of `ids` and the kept rows' images (nothing written)."""
         self._writable()
         plan = _DeletePlan(StoreDeleteResult())
-        wanted = list(dict.fromkeys(int(i) for i in ids))
-        found = self._lookup(wanted)
-        for sample_id in wanted:
-            row = found.get(sample_id)
-            if row is None:
-                plan.result.absent.append(sample_id)
-            else:
-                plan.rows.append(row)
-                plan.result.deleted.append(sample_id)
+        wanted = np.fromiter(dict.fromkeys(int(i) for i in ids), dtype=np.int64)  # (m,) request order
+        rows = self._rows_of(wanted)  # (m,) row of each id, -1 when absent
+        hit = rows >= 0
+        plan.rows, plan.result.deleted = rows[hit].tolist(), wanted[hit].tolist()
+        plan.result.absent = wanted[~hit].tolist()
         if plan.rows:
             plan.n = self.count
             plan.n_after = plan.n - len(plan.rows)
-            dead = set(plan.rows)
-            holes = sorted(r for r in plan.rows if r < plan.n_after)
-            sources = [r for r in range(plan.n_after, plan.n) if r not in dead]
-            plan.moves = list(zip(holes, sources))
+            dead = np.zeros(plan.n, dtype=bool)
+            dead[rows[hit]] = True
+            holes = np.flatnonzero(dead[:plan.n_after])  # rows deleted below the new count, ascending
+            sources = plan.n_after + np.flatnonzero(~dead[plan.n_after:])  # rows kept above it, ascending
+            plan.moves = list(zip(holes.tolist(), sources.tolist()))
             plan.images = {name: np.array(self._mm[name][sources]) for name in self._fields}
         return plan
 
@@ -326,13 +323,17 @@ class BankStore:
         if self.readonly:
             raise MunkeyError(f"The bank store {self.path} was opened read-only; open it without readonly to change it.")
 
-    def _lookup(self, ids: list[int]) -> dict[int, int]:
-        """{id: row} for the ids present: from the dict when built, else one scan of the id column."""
+    def _rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """(m,) int64: the row of each id, -1 for an id not present; from the dict when built, else one
+        sorted search of the id column (ids are unique in a store)."""
         if self._row_map is not None:
-            return {i: self._row_map[i] for i in ids if i in self._row_map}
-        col = self.ids
-        rows = np.flatnonzero(np.isin(col, np.asarray(ids, dtype=np.int64)))
-        return {int(col[r]): int(r) for r in rows}
+            return np.fromiter((self._row_map.get(i, -1) for i in ids.tolist()), dtype=np.int64, count=len(ids))
+        col = np.asarray(self.ids)
+        if len(col) == 0:
+            return np.full(len(ids), -1, dtype=np.int64)
+        order = np.argsort(col, kind="stable")
+        at = np.minimum(np.searchsorted(col[order], ids), len(col) - 1)
+        return np.where(col[order[at]] == ids, order[at], -1).astype(np.int64)
 
     @property
     def _row(self) -> dict[int, int]:
@@ -428,13 +429,21 @@ class BankStore:
         self.fsync(self._redo_fd())
 
     def _redo_fd(self) -> int:
-        if getattr(self, "_rfd", None) is None:
-            try:  # the directory entry needs a flush only when this call creates the file
-                self._rfd = os.open(_redo_path(self.path), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                fsync_dir(self.path.parent)
-            except FileExistsError:
-                self._rfd = os.open(_redo_path(self.path), os.O_RDWR)
+        if self._open_redo():  # the directory entry needs a flush only when the file was just created
+            fsync_dir(self.path.parent)
         return self._rfd
+
+    def _open_redo(self) -> bool:
+        """Open the redo file (once); True when this call created it: the caller flushes its folder
+        before relying on the file (`delete_many` flushes each folder once for a group)."""
+        if getattr(self, "_rfd", None) is not None:
+            return False
+        try:
+            self._rfd = os.open(_redo_path(self.path), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            return True
+        except FileExistsError:
+            self._rfd = os.open(_redo_path(self.path), os.O_RDWR)
+            return False
 
     # ------------------------------------------------------------------ layout
     def _read_header(self) -> None:
@@ -534,15 +543,29 @@ def _flush_all(flushes: list[tuple[Callable[[int], None], int]]) -> None:
     (the first error is raised after all have finished). Each file still gets its own flush; issued
     together they share the device's cache flushes instead of queueing one after another (measured
     in docs/performance.md). The threads live for one call only: a pool kept between calls would be
-    inherited without its threads by a forked child, which would then wait on it forever."""
+    inherited without its threads by a forked child, which would then wait on it forever. (Plain
+    threads: concurrent.futures would import logging too, ~5% of a `munkey forget --no-evaluate`.)"""
     if len(flushes) == 1:
         flushes[0][0](flushes[0][1])
         return
-    with ThreadPoolExecutor(max_workers=min(16, len(flushes)), thread_name_prefix="munkey-flush") as pool:
-        futures = [pool.submit(sync, fd) for sync, fd in flushes]
-        wait(futures)
-    for f in futures:
-        f.result()
+    errors: list[BaseException | None] = [None] * len(flushes)
+
+    def run(j: int) -> None:
+        try:
+            flushes[j][0](flushes[j][1])
+        except BaseException as exc:  # raised in the caller once every flush has finished
+            errors[j] = exc
+
+    for start in range(0, len(flushes), 16):  # at most 16 at a time
+        threads = [threading.Thread(target=run, args=(j,), name="munkey-flush")
+                   for j in range(start, min(start + 16, len(flushes)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
 
 
 def delete_many(requests: Sequence[tuple[BankStore, Iterable[int]]]) -> list[StoreDeleteResult]:
@@ -557,6 +580,9 @@ def delete_many(requests: Sequence[tuple[BankStore, Iterable[int]]]) -> list[Sto
     plans = [store._plan(ids) for store, ids in requests]
     busy = [(store, plan) for (store, _), plan in zip(requests, plans) if plan.rows]
     if busy:
+        # redo files made now (a run's first deletion): each folder's entries flushed once, not once per file
+        for folder in dict.fromkeys(store.path.parent for store, _ in busy if store._open_redo()):
+            fsync_dir(folder)
         for store, p in busy:
             store._write_redo(p.n, p.n_after, p.moves, p.images, False)
         _flush_all([(store.fsync, store._redo_fd()) for store, _ in busy])  # every request durable

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-from PIL import Image
 
 from munkey_core.errors import MunkeyError
 from munkey_core.data.images import IMAGE_SUFFIXES, read_image_file, resize_to
@@ -57,10 +56,13 @@ MEDMNIST_DEFAULT_ROOT = Path.home() / ".medmnist"  # medmnist's own default root
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
-# Everything a damaged or foreign file can raise while being decoded (gzip, zip, pickle, PIL).
-_READ_ERRORS = (OSError, EOFError, ValueError, SyntaxError, KeyError, IndexError, TypeError,
-                AttributeError, ImportError, struct.error, zlib.error, zipfile.BadZipFile,
-                pickle.UnpicklingError, Image.DecompressionBombError)
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """Everything a damaged or foreign file can raise while being decoded (gzip, zip, pickle, PIL);
+    a function so that Pillow is imported only when an error is being matched."""
+    from PIL import Image
+
+    return (OSError, EOFError, ValueError, SyntaxError, KeyError, IndexError, TypeError, AttributeError, ImportError,
+            struct.error, zlib.error, zipfile.BadZipFile, pickle.UnpicklingError, Image.DecompressionBombError)
 
 
 # --------------------------------------------------------------------------- containers
@@ -387,7 +389,7 @@ def _read_idx(path: Path) -> np.ndarray:
         dims = struct.unpack_from(f">{ndim}I", raw, 4)
         data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
         return data.reshape(dims)
-    except _READ_ERRORS as exc:
+    except _read_errors() as exc:
         raise _corrupt(path, exc) from exc
 
 
@@ -495,7 +497,7 @@ def _read_medmnist_npz(path: Path, num_classes: int) -> list[Split]:
                 raise ValueError("a single .npy array, not an .npz archive")
             arrays = {k: npz[k] for k in (f"{s}_{part}" for s in SPLIT_NAMES
                                            for part in ("images", "labels"))}
-    except _READ_ERRORS as exc:
+    except _read_errors() as exc:
         raise _corrupt(path, exc) from exc
     splits, offset = [], 0
     for s in SPLIT_NAMES:
@@ -594,7 +596,7 @@ def _read_cifar_pickle(path: Path) -> dict[str, object]:
             obj = _ArrayUnpickler(f, encoding="latin1").load()
         if not isinstance(obj, dict):
             raise ValueError(f"expected a dict, got {type(obj).__name__}")
-    except _READ_ERRORS as exc:
+    except _read_errors() as exc:
         raise _corrupt(path, exc) from exc
     return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
 
@@ -608,7 +610,7 @@ def _cifar_batch(path: Path, label_key: str, num_classes: int, offset: int) -> S
         images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # (N, C, H, W) -> (N, H, W, C)
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
-    except _READ_ERRORS as exc:
+    except _read_errors() as exc:
         raise _corrupt(path, exc) from exc
     _check_labels(labels, num_classes, path)
     return _make_split(images, labels, offset + np.arange(len(labels)))

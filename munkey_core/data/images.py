@@ -3,6 +3,8 @@
 One place for every image the product reads: dataset folders, CLI arguments and dashboard
 uploads. Uploads are decoded from bytes in memory and never written to disk. `display_image`
 enlarges small images for showing them (nearest neighbour: 8x8 digits stay crisp).
+Pillow is imported by the functions that decode or resize, not with the module: reading a dataset
+held as arrays (a deletion without evaluation hashes the digits images) never loads it.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 import io
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from munkey_core.errors import MunkeyError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".npy")
 MAX_PIXELS = 40_000_000  # width x height of one image (e.g. 6300 x 6300): larger ones are refused before decoding
@@ -44,10 +49,6 @@ def _npy_array(data: bytes, name: str) -> np.ndarray:
                           "shorter. Use an intact file.")
     buf.seek(0)
     return np.load(buf, allow_pickle=False)
-
-
-_DECODE_ERRORS = (UnidentifiedImageError, Image.DecompressionBombError, OSError, EOFError, ValueError, SyntaxError,
-                  TypeError)
 
 
 def to_uint8(arr: np.ndarray) -> np.ndarray:
@@ -99,6 +100,8 @@ def decode_image(data: bytes, name: str = "upload") -> np.ndarray:
         raise MunkeyError(f"{name} is empty; use a PNG, JPEG, BMP, TIFF or NPY image.")
     if len(data) > MAX_IMAGE_BYTES:
         raise MunkeyError(f"{name} is larger than an image may be ({MAX_IMAGE_BYTES // (1024 * 1024)} MB).")
+    from PIL import Image, UnidentifiedImageError
+
     try:
         if data[:6] == b"\x93NUMPY":
             return as_hwc(_npy_array(data, name))
@@ -115,7 +118,7 @@ def decode_image(data: bytes, name: str = "upload") -> np.ndarray:
             return as_hwc(pil_to_array(im))
     except Image.DecompressionBombError:
         raise MunkeyError(f"{name} declares an image too large to decode safely; use a smaller image.") from None
-    except _DECODE_ERRORS as exc:
+    except (UnidentifiedImageError, OSError, EOFError, ValueError, SyntaxError, TypeError) as exc:
         detail = "" if isinstance(exc, UnidentifiedImageError) else f" ({exc})"
         raise MunkeyError(f"{name} is not a readable image{detail}; use PNG, JPEG, BMP, TIFF or NPY.") from None
 
@@ -157,6 +160,8 @@ def resize_to(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """Resize (H, W, C) uint8 to (shape[0], shape[1], C) with bilinear filtering."""
     if image.shape[:2] == tuple(shape):
         return image
+    from PIL import Image
+
     c = image.shape[-1]
     pil = Image.fromarray(image[..., 0] if c == 1 else image)
     out = np.asarray(pil.resize((shape[1], shape[0]), Image.Resampling.BILINEAR))

@@ -87,8 +87,9 @@ def own_keys(run: LoadedMunkeyRun, ids: Sequence[int]) -> np.ndarray | None:
 def _search_hits(run: LoadedMunkeyRun, queries: np.ndarray, ids: set[int], k: int) -> list[int]:
     if len(run.bank) == 0 or len(queries) == 0:
         return []
-    found = set(np.unique(run.search(queries, k).ids).tolist())  # (Q * k ids: one pass in numpy)
-    return sorted(found & ids)
+    found = np.asarray(run.search(queries, k).ids)  # (Q, k) ids
+    wanted = np.fromiter(ids, dtype=np.int64, count=len(ids))
+    return sorted(set(found[np.isin(found, wanted)].tolist()))  # (np.unique would import numpy.ma: ~10 ms)
 
 
 def saved_copies(run: LoadedMunkeyRun, ids: Sequence[int]) -> tuple[list[int], dict[str, list[int]], int]:

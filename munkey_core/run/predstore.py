@@ -129,7 +129,7 @@ def purge_ids(root: str | Path, ids: Iterable[int]) -> int:
         return 0
     ids_arr = np.asarray(sorted({int(i) for i in ids}), dtype=np.int64)
     on_disk = rows.bank_ids(Path(root))
-    now, after = bank_digest(on_disk), bank_digest(np.setdiff1d(on_disk, ids_arr))
+    now, after = bank_digest(on_disk), bank_digest(on_disk[~np.isin(on_disk, ids_arr)])  # ids unique (the store)
     changed = 0
     for path in sorted(directory.glob("preds-*.npz")):
         got = _read(path)

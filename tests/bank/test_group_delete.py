@@ -102,3 +102,27 @@ def test_a_forked_child_can_group_delete_after_its_parent_did(tmp_path: Path) ->
     assert os.waitstatus_to_exitcode(status) == 0
     for a, b in zip(first, second):
         assert a.read_bytes() == b.read_bytes()
+
+
+def test_a_failed_flush_is_raised_after_every_flush_and_before_any_row_moves(tmp_path: Path) -> None:
+    import pytest
+
+    group, untouched = _three(tmp_path / "group"), _three(tmp_path / "untouched")
+    stores = [BankStore(p) for p in group]
+    calls: list[int] = []
+
+    def ok(fd: int, j: int) -> None:
+        calls.append(j)
+
+    def broken(fd: int) -> None:
+        calls.append(1)
+        raise OSError(5, "Input/output error")
+
+    stores[0].fsync, stores[1].fsync = (lambda fd: ok(fd, 0)), broken
+    with pytest.raises(OSError, match="Input/output error"):
+        delete_many(list(zip(stores, REQUESTS)))
+    assert sorted(calls) == [0, 1]  # both stores that change were flushed (the third deletes nothing)
+    for s in stores:
+        s.close()
+    for a, b in zip(group, untouched):
+        assert a.read_bytes() == b.read_bytes()  # the rows never moved: the error came before the apply round

@@ -1,6 +1,6 @@
 """run/bankonly.py and `munkey forget --no-evaluate`: a deletion without evaluation runs without torch
-and leaves the same bank, checkpoint rows, forgotten ids, audit entry and receipt as the full run's
-`MunkeyRun.forget` on a copy of the same run (tiny digits run)."""
+(nor the other modules of HEAVY) and leaves the same bank, checkpoint rows, forgotten ids, audit entry
+and receipt as the full run's `MunkeyRun.forget` on a copy of the same run (tiny digits run)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,14 @@ from munkey_core.run.paths import RunPaths
 ROOT = Path(__file__).resolve().parents[2]
 VOLATILE = {"request_id", "run_id", "received", "executed", "time", "issued", "signature", "entry_hash", "prev_hash",
             "hash", "receipt_sha256"}
+# modules a deletion without evaluation does without: the model's libraries, and what it once imported
+# for nothing (the receipt page's template engine, Pillow for arrays already decoded, numpy.ma behind
+# np.unique, concurrent.futures and the logging it imports, the key-file formats of cryptography)
+HEAVY = ("torch", "timm", "torchvision", "jinja2", "PIL", "numpy.ma", "concurrent.futures",
+         "cryptography.hazmat.primitives.serialization")
 # the CLI in a fresh interpreter; prints which heavy modules it imported by the time it returned
 _CHILD = ("import json, sys\nfrom munkey_core.cli import main\nrc = main(sys.argv[1:])\n"
-          "print(json.dumps({'rc': rc, 'loaded': sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules)}))")
+          f"print(json.dumps({{'rc': rc, 'loaded': sorted(m for m in {HEAVY!r} if m in sys.modules)}}))")
 
 
 def _cli(args: list[str], env: dict | None = None) -> dict:
