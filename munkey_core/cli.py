@@ -207,14 +207,25 @@ def _add_bench(sub: argparse._SubParsersAction, benchmarks: bool = True) -> None
         mod.add_arguments(bsub.add_parser(name, help=mod.HELP))
 
 
+_ADDERS = {"train": _add_train, "predict": _add_predict, "forget": _add_forget, "evaluate": _add_evaluate,
+           "select": _add_select, "audit": _add_audit, "demo": _add_demo, "unact": _add_unact}
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The whole parser; the benchmarks' own options only when `argv` (default: the command line) runs one."""
+    """The parser of the command `argv` (default: the command line) runs: when its first word names a
+    command, that command's parser alone (its options, help and errors are the same; building every
+    command's options was a few per cent of a `munkey forget --no-evaluate`), else every command's; the
+    benchmarks' own options only when it runs one."""
     parser = argparse.ArgumentParser(prog="munkey", description="Unlearning by design: MUNKEY key deletion.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_predict, _add_forget, _add_evaluate, _add_select, _add_audit, _add_demo, _add_unact):
-        add(sub)
     words = list(sys.argv[1:] if argv is None else argv)
-    _add_bench(sub, benchmarks="bench" in words[:1])
+    first = words[0] if words else None
+    if first in _ADDERS:
+        _ADDERS[first](sub)
+        return parser
+    for add in _ADDERS.values():
+        add(sub)
+    _add_bench(sub, benchmarks=first == "bench")
     return parser
 
 

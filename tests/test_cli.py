@@ -207,3 +207,22 @@ def test_every_help_page_formats() -> None:
     assert set(benches) == set(BENCHMARKS)
     for name, parser in benches.items():
         assert parser.format_help().startswith("usage:"), name
+
+
+def test_a_command_parses_and_helps_the_same_with_its_parser_alone() -> None:
+    """build_parser builds only the parser of the command the command line names: the same namespace
+    and the same help as the parser of every command."""
+    from munkey_core.cli import build_parser
+
+    full = build_parser([])
+    lines = [["forget", "runs/x", "--ids", "1,2", "--ids", "3", "--no-evaluate", "--operator", "dana", "--json"],
+             ["forget", "runs/x", "--random-fraction", "0.1", "--seed", "3", "--max-samples", "50", "--operator", "a"],
+             ["train", "--dataset", "digits", "--out", "runs/y", "--epochs", "2"],
+             ["audit", "verify", "runs/x"], ["evaluate", "runs/x", "--max-samples", "10"],
+             ["unact", "runs/x", "--class", "2", "--method", "keys"]]
+    for argv in lines:
+        assert build_parser(argv).parse_args(argv) == full.parse_args(argv), argv
+    sub = next(a for a in full._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name in ("forget", "train", "audit", "predict", "select", "demo", "unact", "evaluate"):
+        alone = next(a for a in build_parser([name])._actions if isinstance(a, argparse._SubParsersAction)).choices
+        assert list(alone) == [name] and alone[name].format_help() == sub[name].format_help(), name

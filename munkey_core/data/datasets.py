@@ -315,11 +315,42 @@ def _digits_table() -> np.ndarray:
     if spec is not None and spec.origin is not None:
         path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
         if path.is_file():
-            return np.loadtxt(path, delimiter=",")
+            table = _small_int_csv(gzip.decompress(path.read_bytes()), 65)
+            return table if table is not None else np.loadtxt(path, delimiter=",")
     from sklearn.datasets import load_digits  # layout changed: take the slow, documented way
 
     bunch = load_digits()
     return np.column_stack([bunch.data, bunch.target])
+
+
+def _small_int_csv(raw: bytes, columns: int) -> np.ndarray | None:
+    """np.loadtxt(delimiter=",") of a CSV of integers 0..99, `columns` per line, parsed with numpy
+    alone (float64 (rows, columns)): a quarter of np.loadtxt's time on the digits table (~20 ms of a
+    deletion without evaluation). None for any other text (the caller reads it with np.loadtxt)."""
+    b = np.frombuffer(raw, dtype=np.uint8)  # (n,) bytes
+    digit = (b >= ord("0")) & (b <= ord("9"))
+    newline = b == ord("\n")
+    if not (digit | newline | (b == ord(",")) | (b == ord("\r"))).all():
+        return None
+    before = np.zeros_like(digit)
+    before[1:] = digit[:-1]
+    after = np.zeros_like(digit)
+    after[:-1] = digit[1:]
+    if (digit & before & after).any():
+        return None  # a number of three digits or more
+    start = np.flatnonzero(digit & ~before)  # (tokens,) first digit of each number
+    if len(start) == 0:
+        return None
+    line = np.cumsum(newline)  # (n,) line of each byte
+    numbers = np.bincount(line[start], minlength=int(line[-1]) + 1)  # per line
+    commas = np.bincount(line[b == ord(",")], minlength=len(numbers))
+    used = numbers > 0  # blank lines are skipped, as np.loadtxt skips them
+    if not ((numbers[used] == columns).all() and (commas[used] == columns - 1).all() and (commas[~used] == 0).all()):
+        return None  # a line with another number of fields, or an empty field
+    value = b[start].astype(np.int64) - ord("0")
+    two = after[start]
+    value[two] = value[two] * 10 + b[start[two] + 1] - ord("0")
+    return value.reshape(-1, columns).astype(np.float64)
 
 
 # --------------------------------------------------------------------------- Fashion-MNIST

@@ -1,14 +1,16 @@
 """What a deletion receipt proves, computed on the live run: fingerprints and post-deletion checks.
 
 - the model's fingerprint is `LoadedRun.model_fingerprint` (run/loaded.py).
-- `sample_fingerprints`: per deleted sample, sha256 of its memory-bank row (key + exemplar) and of
-  its image (as the dataset holds it). Only these hashes are recorded, never the vectors.
+- `sample_fingerprints`: per deleted sample, sha256 of its memory-bank row (the key's then the
+  exemplar's float32 bytes) and of its image ("<dtype>|<shape>|" then its bytes, as the dataset holds
+  it). Only these hashes are recorded, never the vectors.
 - `retrieval_evidence`: the deleted ids cannot be retrieved any more: the bank is searched with
   their own keys and with a probe set (the test split's keys, at most `PROBE_CAP`), top-k with k
   well above the K used at inference; and none of them is in the bank in memory, in the bank file
   or in any checkpoint. Cost: two bank searches and reading the id column of each saved file.
 (FA and the membership attack on a request's samples are eval/evaluate.py `request_accuracy_and_mia`.)
-Tests: tests/audit/test_audit.py, tests/run/test_purge.py.
+Tests: tests/audit/test_audit.py, tests/run/test_purge.py, tests/run/test_bankonly.py (the fingerprints
+recomputed from the run).
 """
 
 from __future__ import annotations
@@ -37,18 +39,6 @@ def _rows(table, rows: np.ndarray) -> np.ndarray:
     return part.detach().cpu().numpy() if hasattr(part, "detach") else np.array(part)
 
 
-def _row_hash(key: np.ndarray, value: np.ndarray) -> str:
-    h = hashlib.sha256()
-    h.update(np.ascontiguousarray(key, dtype=np.float32).tobytes())
-    h.update(np.ascontiguousarray(value, dtype=np.float32).tobytes())
-    return h.hexdigest()
-
-
-def _image_hash(image: np.ndarray) -> str:
-    img = np.ascontiguousarray(image)
-    return hashlib.sha256(f"{img.dtype.str}|{img.shape}|".encode() + img.tobytes()).hexdigest()
-
-
 def sample_fingerprints(run: LoadedMunkeyRun, ids: Sequence[int]) -> tuple[list[dict], str | None]:
     """[{id, memory_sha256, image_sha256}] for ids still in the bank, plus a note when the dataset
     (and so the image hashes) is unavailable."""
@@ -60,10 +50,17 @@ def sample_fingerprints(run: LoadedMunkeyRun, ids: Sequence[int]) -> tuple[list[
         images = run.dataset.lookup([int(i) for i in ids]).images if len(ids) else None
     except MunkeyError as exc:
         images, note = None, f"image fingerprints unavailable: {exc}"
+    # one contiguous copy of each table, hashed row by row without further copies
+    k = np.ascontiguousarray(keys, dtype=np.float32)  # (m, Dk)
+    v = np.ascontiguousarray(values, dtype=np.float32)  # (m, Dv)
+    imgs = None if images is None else np.ascontiguousarray(images)  # (m, H, W, C)
+    prefix = None if imgs is None else f"{imgs.dtype.str}|{imgs.shape[1:]}|".encode()
     out = []
     for j, i in enumerate(ids):
-        out.append({"id": int(i), "memory_sha256": _row_hash(keys[j], values[j]),
-                    "image_sha256": None if images is None else _image_hash(images[j])})
+        h = hashlib.sha256(k[j])
+        h.update(v[j])
+        out.append({"id": int(i), "memory_sha256": h.hexdigest(),
+                    "image_sha256": None if imgs is None else hashlib.sha256(prefix + imgs[j].tobytes()).hexdigest()})
     return out, note
 
 

@@ -620,3 +620,28 @@ def test_class_folder_errors(tmp_path):
     np.save(tmp_path / "badnpy" / "cats" / "003.npy", np.zeros((2, 3, 4, 5)))
     with pytest.raises(MunkeyError, match="003.npy"):
         load_dataset(f"folder:{tmp_path / 'badnpy'}")
+
+
+def test_the_digits_table_is_what_np_loadtxt_reads(tmp_path):
+    """datasets._small_int_csv parses the digits CSV with numpy alone; np.loadtxt is the oracle, on the
+    real file and on small tables; any other text goes back to np.loadtxt (None)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if path is not None and path.is_file():
+        assert np.array_equal(data._digits_table(), np.loadtxt(path, delimiter=","))
+        assert np.array_equal(data._small_int_csv(gzip.decompress(path.read_bytes()), 65),
+                              np.loadtxt(path, delimiter=","))
+    rng = np.random.default_rng(0)
+    table = rng.integers(0, 100, size=(7, 5))
+    for text in ("\n".join(",".join(map(str, r)) for r in table) + "\n",
+                 "\r\n".join(",".join(map(str, r)) for r in table),
+                 "\n\n" + "\n\n".join(",".join(map(str, r)) for r in table) + "\n\n"):
+        f = tmp_path / "t.csv"
+        f.write_text(text, newline="")
+        got = data._small_int_csv(text.encode(), 5)
+        assert got is not None and got.dtype == np.float64 and np.array_equal(got, np.loadtxt(f, delimiter=","))
+    for bad in ("1,2,3,4,100\n", "1,2,3,4,-5\n", "1,2,3,4,5.0\n", "1,2,,4,5\n", "1,2,3,4,5,\n",
+                "1,2,3,4\n1,2,3,4,5,6\n", "# c\n1,2,3,4,5\n", "1 2 3 4 5\n", ""):
+        assert data._small_int_csv(bad.encode(), 5) is None, bad

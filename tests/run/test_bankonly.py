@@ -137,3 +137,31 @@ def test_what_the_model_free_path_cannot_read_goes_to_the_full_run(tiny_run_temp
         kinds = [e.body["kind"] for e in log.entries()]
     assert kinds == ["deletion", "refused"]
     assert np.isin(ids[0], rows.bank_ids(run), invert=True)
+
+
+def test_the_receipt_fingerprints_each_sample_by_its_bank_row_and_its_image(tiny_run_template: Path,
+                                                                            tmp_path: Path) -> None:
+    """memory_sha256 = sha256(key bytes + exemplar bytes, float32), image_sha256 = sha256("dtype|shape|"
+    + pixel bytes), computed here from the run as it was before the request."""
+    import hashlib
+
+    from munkey_core.run.bankonly import BankOnlyRun
+
+    before = BankOnlyRun(tiny_run_template)
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_template, run)
+    ids = [int(i) for i in rows.bank_ids(run)[3::5][:25]]
+    out = _cli(["forget", str(run), "--ids", ",".join(map(str, ids)), "--operator", "dana", "--no-evaluate"])
+    assert out == {"rc": 0, "loaded": []}
+    receipt = json.loads(next((run / "receipts").glob("*.json")).read_text())
+    images = before.dataset.lookup(ids).images
+    want = []
+    for j, i in enumerate(ids):
+        r = int(before.bank.rows_of([i])[0])
+        img = np.ascontiguousarray(images[j])
+        want.append({"id": i,
+                     "memory_sha256": hashlib.sha256(before.bank.keys[r].astype(np.float32).tobytes()
+                                                     + before.bank.values[r].astype(np.float32).tobytes()).hexdigest(),
+                     "image_sha256": hashlib.sha256(f"{img.dtype.str}|{img.shape}|".encode()
+                                                    + img.tobytes()).hexdigest()})
+    assert receipt["entry"]["body"]["samples"] == want
