@@ -32,13 +32,8 @@ as no request image is predicted as c any more and c's mean probability over the
 n / (n + margin) times chance (1 / classes; n the request's images; margin 0 = chance, the rule for
 ResNets and ViTs). A margin asks a few images for more than a flip: with 5 images the request
 images stop giving c before the class's other images do (the MUNKEY default, margin 15: a quarter
-of chance at n = 5, 0.9 of it for a 125-image class). `tail` (a multiple of chance) also asks every
-request image for c's probability below tail x chance: a mean below chance still leaves the class's
-most typical images near it, and the class's unseen images spread further than the request's, so
-the least forgotten of them keep c (the MUNKEY default, tail 2: on the digits demo run class 2's
-request stopped with one test image of 35 still given c, at 0.22, while its request images reached
-0.24 at most; docs/results/unact_digits.md). Each round's scoring pass gives those probabilities
-for free; stopping edits fewer units per request, which sequential requests need.
+of chance at n = 5, 0.9 of it for a 125-image class). Each round's scoring pass gives those
+probabilities for free; stopping edits fewer units per request, which sequential requests need.
 
 Kept classes (`RetainProbe`, forward-only like the rest; both off in the paper's rule): a request
 may bring a small probe of images of the classes it must keep, with their labels, scored by a scope
@@ -99,7 +94,6 @@ class UnActConfig:
     guard: float | None = None  # undo the round and stop once the probe's accuracy falls more than this (points)
     backoff: float | None = None  # after the guard's first undo, retry with this percentile before stopping
     margin: float = 0.0         # "forgotten" needs c's mean probability below n / (n + margin) x chance (n images)
-    tail: float | None = None   # "forgotten" also needs c's largest probability over the images below tail x chance
 
     def check(self) -> None:
         """Raise a clear MunkeyError for values outside their ranges."""
@@ -114,8 +108,6 @@ class UnActConfig:
             raise MunkeyError(f"Unknown stopping rule '{self.stop}'; choose one of {', '.join(STOPS)}.")
         if not (isinstance(self.margin, (int, float)) and float(self.margin) >= 0.0):
             raise MunkeyError(f"margin must be a number of images >= 0 (got {self.margin}).")
-        if self.tail is not None and not (isinstance(self.tail, (int, float)) and float(self.tail) > 0.0):
-            raise MunkeyError(f"tail must be a multiple of chance above 0 (got {self.tail}).")
         if self.protect is not None and not (isinstance(self.protect, (int, float)) and float(self.protect) >= 0.0):
             raise MunkeyError(f"protect must be a ratio >= 0 (got {self.protect}).")
         if self.guard is not None and not (isinstance(self.guard, (int, float)) and 0.0 <= float(self.guard) <= 100.0):
@@ -455,8 +447,7 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
                 _, base_mean, probs = _mean_stats(scope, images)  # re-score the edited model
             still = float(np.mean(probs.argmax(axis=1) == target))
             if (r > 1 and cfg.stop == "forgotten" and still == 0.0
-                    and probs[:, target].mean() < forgotten_below(cfg, len(images)) / probs.shape[1]
-                    and (cfg.tail is None or probs[:, target].max() < float(cfg.tail) / probs.shape[1])):
+                    and probs[:, target].mean() < forgotten_below(cfg, len(images)) / probs.shape[1]):
                 result.stopped_early, result.stop_reason = True, "forgotten"
                 break
             scores = _scores(scope, base_mean, target)
