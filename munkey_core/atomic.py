@@ -12,8 +12,9 @@ import io
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Sequence
 
 
 def fsync_dir(path: Path) -> None:
@@ -23,6 +24,36 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def flush_all(flushes: list[tuple[Callable[[int], None], int]]) -> None:
+    """Run every (fsync, fd) flush, concurrently when there are several, and return when all are done
+    (the first error is raised after all have finished). Each file still gets its own flush; issued
+    together they share the device's cache flushes instead of queueing one after another (measured
+    in docs/performance.md). The threads live for one call only: a pool kept between calls would be
+    inherited without its threads by a forked child, which would then wait on it forever. (Plain
+    threads: concurrent.futures would import logging too, ~5% of a `munkey forget --no-evaluate`.)"""
+    if len(flushes) == 1:
+        flushes[0][0](flushes[0][1])
+        return
+    errors: list[BaseException | None] = [None] * len(flushes)
+
+    def run(j: int) -> None:
+        try:
+            flushes[j][0](flushes[j][1])
+        except BaseException as exc:  # raised in the caller once every flush has finished
+            errors[j] = exc
+
+    for start in range(0, len(flushes), 16):  # at most 16 at a time
+        threads = [threading.Thread(target=run, args=(j,), name="munkey-flush")
+                   for j in range(start, min(start + 16, len(flushes)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -48,12 +79,83 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
-def atomic_write_json(path: Path, obj: Any, *, compact: bool = False) -> None:
-    """Write `obj` as indented UTF-8 JSON, atomically; `compact`: on one line, for files only the
-    program reads (json's C encoder writes that, ~10x faster than the indented form)."""
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":")) if compact else json.dumps(obj, indent=2,
-                                                                                             sort_keys=True)
-    atomic_write_bytes(path, (text + "\n").encode("utf-8"))
+def atomic_write_many(files: Sequence[tuple[Path, bytes]]) -> None:
+    """`atomic_write_bytes` of several files as one group: every temporary file is written, then all
+    are flushed together (`flush_all`), then renamed over their targets in the given order, then each
+    folder is flushed once. Each file is still replaced atomically (old or new after a crash, never
+    a mix) and every file is durable on return, as after the same calls one by one; what a crash
+    between two renames leaves (some files new, the rest old) is what it leaves between two calls.
+    Saves a folder flush per file after the first of each folder and queues no file flush behind
+    another (tests/run/test_atomic_group.py)."""
+    temps: list[tuple[str, Path]] = []  # (temporary file, target); "" once renamed
+    fds: list[int] = []
+    try:
+        try:
+            for path, data in files:
+                path = Path(path)
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                fds.append(fd)
+                temps.append((tmp, path))
+                with os.fdopen(fd, "wb", closefd=False) as f:
+                    f.write(data)
+            flush_all([(os.fsync, fd) for fd in fds])
+        finally:
+            for fd in fds:
+                os.close(fd)
+        for j, (tmp, path) in enumerate(temps):
+            os.replace(tmp, path)
+            temps[j] = ("", path)
+    except BaseException:
+        for tmp, _ in temps:
+            if tmp and os.path.exists(tmp):
+                os.unlink(tmp)
+        raise
+    for folder in dict.fromkeys(path.parent for _, path in temps):
+        fsync_dir(folder)
+
+
+def json_text(obj: Any, *, compact: bool = False, rows: bool = False) -> str:
+    """`obj` as JSON text with sorted keys: indented (2 spaces) for a reader; `compact`: on one line,
+    for files only the program reads; `rows`: indented, except that a list of plain values is written
+    on one line and a list of flat records (dicts of plain values) one record a line. Both use
+    json's C encoder where the indented form goes through its pure-Python one: a receipt of 1,000
+    samples is written ~5x faster with `rows` (the same JSON value: json.loads reads back `obj`)."""
+    if compact:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    if not rows:
+        return json.dumps(obj, indent=2, sort_keys=True)
+    return _rows_text(obj, "", json.JSONEncoder(sort_keys=True, separators=(", ", ": ")).encode)
+
+
+def _plain(v: Any) -> bool:
+    return not isinstance(v, (dict, list, tuple))
+
+
+def _rows_text(v: Any, pad: str, enc: Callable[[Any], str]) -> str:
+    """The `rows` layout of `v`, its nested lines indented by `pad` plus 2 spaces per level."""
+    inner = pad + "  "
+    if isinstance(v, dict):
+        if not v:
+            return "{}"
+        if not all(isinstance(k, str) for k in v):  # json's own key rules (numbers, None...): its indented form
+            return json.dumps(v, indent=2, sort_keys=True).replace("\n", "\n" + pad)
+        return "{\n" + ",\n".join(f"{inner}{enc(k)}: {_rows_text(v[k], inner, enc)}" for k in sorted(v)) \
+            + "\n" + pad + "}"
+    if isinstance(v, (list, tuple)):
+        if not v:
+            return "[]"
+        if all(_plain(x) for x in v):
+            return enc(v)
+        if all(isinstance(x, dict) and all(_plain(y) for y in x.values()) for x in v):
+            return "[\n" + ",\n".join(inner + enc(x) for x in v) + "\n" + pad + "]"
+        return "[\n" + ",\n".join(inner + _rows_text(x, inner, enc) for x in v) + "\n" + pad + "]"
+    return enc(v)
+
+
+def atomic_write_json(path: Path, obj: Any, *, compact: bool = False, rows: bool = False) -> None:
+    """Write `obj` as UTF-8 JSON (`json_text`: indented; `compact` or `rows` as it says), atomically."""
+    atomic_write_bytes(path, (json_text(obj, compact=compact, rows=rows) + "\n").encode("utf-8"))
 
 
 def atomic_torch_save(path: Path, obj: Any) -> None:

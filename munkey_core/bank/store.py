@@ -56,7 +56,7 @@ import numpy as np
 
 from munkey_core.errors import MunkeyError
 from munkey_core.bank.rowmap import DeleteResult, bank_fingerprint, rows_in
-from munkey_core.atomic import fsync_dir
+from munkey_core.atomic import flush_all, fsync_dir
 
 if TYPE_CHECKING:  # torch and the in-memory bank only where used: a deletion's file steps need neither
     import torch
@@ -538,36 +538,6 @@ class _DeletePlan:
     images: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _flush_all(flushes: list[tuple[Callable[[int], None], int]]) -> None:
-    """Run every (fsync, fd) flush, concurrently when there are several, and return when all are done
-    (the first error is raised after all have finished). Each file still gets its own flush; issued
-    together they share the device's cache flushes instead of queueing one after another (measured
-    in docs/performance.md). The threads live for one call only: a pool kept between calls would be
-    inherited without its threads by a forked child, which would then wait on it forever. (Plain
-    threads: concurrent.futures would import logging too, ~5% of a `munkey forget --no-evaluate`.)"""
-    if len(flushes) == 1:
-        flushes[0][0](flushes[0][1])
-        return
-    errors: list[BaseException | None] = [None] * len(flushes)
-
-    def run(j: int) -> None:
-        try:
-            flushes[j][0](flushes[j][1])
-        except BaseException as exc:  # raised in the caller once every flush has finished
-            errors[j] = exc
-
-    for start in range(0, len(flushes), 16):  # at most 16 at a time
-        threads = [threading.Thread(target=run, args=(j,), name="munkey-flush")
-                   for j in range(start, min(start + 16, len(flushes)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
-
-
 def delete_many(requests: Sequence[tuple[BankStore, Iterable[int]]]) -> list[StoreDeleteResult]:
     """Delete ids from several stores (the bank and every checkpoint row file) as one group commit,
     with each store's guarantees unchanged: every store's redo record is written, then all of them are
@@ -585,10 +555,10 @@ def delete_many(requests: Sequence[tuple[BankStore, Iterable[int]]]) -> list[Sto
             fsync_dir(folder)
         for store, p in busy:
             store._write_redo(p.n, p.n_after, p.moves, p.images, False)
-        _flush_all([(store.fsync, store._redo_fd()) for store, _ in busy])  # every request durable
+        flush_all([(store.fsync, store._redo_fd()) for store, _ in busy])  # every request durable
         for store, p in busy:
             store._apply(p.n, p.n_after, p.moves, p.images, False)  # positional: tests stub _apply
-        _flush_all([(store.fsync, store._fd) for store, _ in busy])  # the deleted bytes gone from disk
+        flush_all([(store.fsync, store._fd) for store, _ in busy])  # the deleted bytes gone from disk
         for store, p in busy:
             store._clear_redo()
             store._done(p)

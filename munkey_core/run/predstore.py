@@ -35,7 +35,7 @@ from typing import Iterable
 
 import numpy as np
 
-from munkey_core.atomic import atomic_write_bytes
+from munkey_core.atomic import atomic_write_bytes, atomic_write_many
 from munkey_core.run import rows
 from munkey_core.run.predcache import CachedTable
 
@@ -130,7 +130,7 @@ def purge_ids(root: str | Path, ids: Iterable[int]) -> int:
     ids_arr = np.asarray(sorted({int(i) for i in ids}), dtype=np.int64)
     on_disk = rows.bank_ids(Path(root))
     now, after = bank_digest(on_disk), bank_digest(on_disk[~np.isin(on_disk, ids_arr)])  # ids unique (the store)
-    changed = 0
+    changed, writes = 0, []
     for path in sorted(directory.glob("preds-*.npz")):
         got = _read(path)
         if got is None or got[0].get("bank") not in (now, after):
@@ -142,8 +142,10 @@ def purge_ids(root: str | Path, ids: Iterable[int]) -> int:
         if not hit.any() and meta.get("bank") == after:
             continue
         kept = {k: v[~hit] for k, v in a.items()}
-        atomic_write_bytes(path, _encode(dict(meta, bank=after), kept))
+        writes.append((path, _encode(dict(meta, bank=after), kept)))
         changed += 1
+    # one group write: each table replaced atomically, all durable on return (the folder flushed once)
+    atomic_write_many(writes)
     for tmp in directory.glob(".preds-*.tmp"):  # a temp file left by a writer that was killed
         tmp.unlink(missing_ok=True)
     return changed
