@@ -115,47 +115,17 @@ def atomic_write_many(files: Sequence[tuple[Path, bytes]]) -> None:
         fsync_dir(folder)
 
 
-def json_text(obj: Any, *, compact: bool = False, rows: bool = False) -> str:
-    """`obj` as JSON text with sorted keys: indented (2 spaces) for a reader; `compact`: on one line,
-    for files only the program reads; `rows`: indented, except that a list of plain values is written
-    on one line and a list of flat records (dicts of plain values) one record a line. Both use
-    json's C encoder where the indented form goes through its pure-Python one: a receipt of 1,000
-    samples is written ~5x faster with `rows` (the same JSON value: json.loads reads back `obj`)."""
-    if compact:
-        return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    if not rows:
-        return json.dumps(obj, indent=2, sort_keys=True)
-    return _rows_text(obj, "", json.JSONEncoder(sort_keys=True, separators=(", ", ": ")).encode)
+def atomic_write_json(path: Path, obj: Any, *, compact: bool = False) -> None:
+    """Write `obj` as indented UTF-8 JSON, atomically; `compact`: on one line, for files only the
+    program reads (json's C encoder writes that, ~10x faster than the indented form)."""
+    atomic_write_bytes(path, json_bytes(obj, compact=compact))
 
 
-def _plain(v: Any) -> bool:
-    return not isinstance(v, (dict, list, tuple))
-
-
-def _rows_text(v: Any, pad: str, enc: Callable[[Any], str]) -> str:
-    """The `rows` layout of `v`, its nested lines indented by `pad` plus 2 spaces per level."""
-    inner = pad + "  "
-    if isinstance(v, dict):
-        if not v:
-            return "{}"
-        if not all(isinstance(k, str) for k in v):  # json's own key rules (numbers, None...): its indented form
-            return json.dumps(v, indent=2, sort_keys=True).replace("\n", "\n" + pad)
-        return "{\n" + ",\n".join(f"{inner}{enc(k)}: {_rows_text(v[k], inner, enc)}" for k in sorted(v)) \
-            + "\n" + pad + "}"
-    if isinstance(v, (list, tuple)):
-        if not v:
-            return "[]"
-        if all(_plain(x) for x in v):
-            return enc(v)
-        if all(isinstance(x, dict) and all(_plain(y) for y in x.values()) for x in v):
-            return "[\n" + ",\n".join(inner + enc(x) for x in v) + "\n" + pad + "]"
-        return "[\n" + ",\n".join(inner + _rows_text(x, inner, enc) for x in v) + "\n" + pad + "]"
-    return enc(v)
-
-
-def atomic_write_json(path: Path, obj: Any, *, compact: bool = False, rows: bool = False) -> None:
-    """Write `obj` as UTF-8 JSON (`json_text`: indented; `compact` or `rows` as it says), atomically."""
-    atomic_write_bytes(path, (json_text(obj, compact=compact, rows=rows) + "\n").encode("utf-8"))
+def json_bytes(obj: Any, *, compact: bool = False) -> bytes:
+    """The bytes `atomic_write_json` writes (sorted keys, a final new line), for `atomic_write_many`."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":")) if compact else json.dumps(obj, indent=2,
+                                                                                             sort_keys=True)
+    return (text + "\n").encode("utf-8")
 
 
 def atomic_torch_save(path: Path, obj: Any) -> None:

@@ -27,7 +27,7 @@ from munkey_core.audit import signing
 from munkey_core.audit.log import AuditLog, Entry, entry_hash, now_utc, open_log, verify_run
 from munkey_core.audit.canonical import Encoded, canonical_bytes, sha256_hex
 from munkey_core.errors import MunkeyError
-from munkey_core.atomic import atomic_write_many, json_text
+from munkey_core.atomic import atomic_write_many, json_bytes
 
 RECEIPT_FORMAT = "munkey-receipt/2"  # signed (Ed25519)
 LEGACY_FORMAT = "munkey-receipt/1"  # unsigned, older versions: verified as "unsigned (older format)"
@@ -70,11 +70,8 @@ def receipt_paths(root: str | Path, request_id: str) -> tuple[Path, Path]:
 def write_receipt(root: str | Path, receipt: dict) -> tuple[Path, Path]:
     """Write the JSON and HTML files of a receipt (atomically); returns their paths."""
     js, page = receipt_paths(root, receipt["request_id"])
-    # one group write (atomic/atomic_write_many): each file atomic, both durable on return. The JSON is
-    # indented with each sample on one line (json_text rows: C-encoded); its hash and signature are
-    # over the canonical form, never over this layout
-    atomic_write_many([(js, (json_text(receipt, rows=True) + "\n").encode("utf-8")),
-                       (page, render_html(receipt).encode("utf-8"))])
+    # one group write (atomic.py atomic_write_many): each file atomic, both durable on return
+    atomic_write_many([(js, json_bytes(receipt)), (page, render_html(receipt).encode("utf-8"))])
     return js, page
 
 

@@ -88,7 +88,7 @@ def write_thresholds(root: str | Path, key: str, calibration: dict, lock: RunLoc
             return False
         if named & forgotten:
             return False
-        atomic_write_json(cache_path(root, key), {"format": FORMAT, "key": key, "calibration": calibration}, rows=True)
+        atomic_write_json(cache_path(root, key), {"format": FORMAT, "key": key, "calibration": calibration})
     return True
 
 
@@ -112,7 +112,7 @@ def purge_ids(root: str | Path, ids: Iterable[int]) -> int:
         if len(kept) == len(cal["records"]) and not gone & {int(i) for i in cal.get("set_by", [])}:
             continue
         rest = {k: cal[k] for k in ("n_images", "queries") if k in cal}  # the thresholds and figures go
-        atomic_write_json(path, {"format": FORMAT, "key": key, "calibration": dict(rest, records=kept)}, rows=True)
+        atomic_write_json(path, {"format": FORMAT, "key": key, "calibration": dict(rest, records=kept)})
         changed += 1
     for tmp in directory.glob(".thresholds-*.tmp"):  # a temp file left by a writer that was killed
         tmp.unlink(missing_ok=True)

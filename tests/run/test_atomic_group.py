@@ -1,20 +1,18 @@
-"""atomic.py `atomic_write_many` (several files, one group of flushes) and `json_text` (the layouts).
+"""atomic.py `atomic_write_many`: several files written as one group of flushes.
 
 A group write must leave each file old or new, never a mix, whatever point it stops at, and every
-file durable and in place on return; `json_text(rows=True)` must be the same JSON value as the
-indented form.
+file in place on return.
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import signal
 
 import pytest
 
-from munkey_core.atomic import atomic_write_many, json_text
+from munkey_core.atomic import atomic_write_many, json_bytes
 
 
 def _temps(*folders):
@@ -67,26 +65,11 @@ def test_killed_between_renames_leaves_each_file_old_or_new(tmp_path):
     assert [p.name.startswith(".b.bin.") for p in _temps(tmp_path)] == [True]
 
 
-HOSTILE = ["", "a\nb", 'q"uote\\', "\u00e9\u2028\U0001f600", "</script>"]
+def test_a_receipt_written_in_a_group_keeps_its_json_text(tmp_path):
+    import json
 
-
-def test_rows_layout_is_the_same_json_value():
-    value = {
-        "samples": [{"id": i, "memory_sha256": f"{i:064x}", "image_sha256": None, "note": HOSTILE[i % 5]}
-                    for i in range(50)],
-        "requested_ids": list(range(50)), "empty": [], "nested": {"a": [[1, 2], {"b": []}], "c": {}},
-        "floats": [0.1, -2.5e-300, 1e300], "big": 2 ** 63 - 1, "mixed": [1, {"x": [1]}], "k": {"1": None},
-        "tuple": (1, "two"), HOSTILE[1]: HOSTILE[3],
-    }
-    text = json_text(value, rows=True)
-    assert json.loads(text) == json.loads(json.dumps(value))
-    lines = text.splitlines()
-    assert '    {"id": 6, "image_sha256": null, "memory_sha256": "' + f"{6:064x}" + '", "note": "a\\nb"},' in lines
-    assert '  "requested_ids": [' + ", ".join(map(str, range(50))) + "]," in lines
-    assert json_text(value) == json.dumps(value, indent=2, sort_keys=True)
-    assert json_text(value, compact=True) == json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def test_rows_layout_keeps_json_key_rules():
-    value = {"outer": {1: "one", 2: [True]}}  # keys json converts: its own indented text, re-indented
-    assert json.loads(json_text(value, rows=True)) == json.loads(json.dumps(value))
+    value = {"b": [1, 2.5, None], "a": {"z": "\u00e9\n", "y": []}}
+    atomic_write_many([(tmp_path / "r.json", json_bytes(value)), (tmp_path / "c.json", json_bytes(value, compact=True))])
+    assert (tmp_path / "r.json").read_text(encoding="utf-8") == json.dumps(value, indent=2, sort_keys=True) + "\n"
+    assert (tmp_path / "c.json").read_text(encoding="utf-8") == json.dumps(value, sort_keys=True,
+                                                                          separators=(",", ":")) + "\n"
