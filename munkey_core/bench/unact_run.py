@@ -14,7 +14,7 @@ from munkey_core.bench._common import mean_sd, write_tables
 from munkey_core.unlearn.classforget import ClassEditor, ClassRequest, class_metrics
 from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, dampen, importance, reference_order
-from munkey_core.unlearn.unact import UnActConfig
+from munkey_core.unlearn.unact import DEFAULTS, UnActConfig
 
 # SSD / LFSSD tuning grid (validation split): the paper's values bracketed (alpha 8-50, lambda 0.5-1,
 # batch 64-512 on CIFAR); two batch sizes because alpha's meaning moves with the batch size
@@ -60,11 +60,14 @@ class UnactBench:
 
     # ----- helpers ----------------------------------------------------------------------
     def _cfg(self, ed: ClassEditor, score: str = "activation", **over) -> UnActConfig:
+        """The run's default (ours: its stopping rule included) for the default's scoring; any other
+        scoring (ResNet: the paper's activation rule) at the paper's working point, all k rounds."""
         base = ed.default_config()
+        if score != base.score:
+            base = UnActConfig(*DEFAULTS.get(ed.arch, (base.p, base.gamma, base.k)), score)
         a = self.args
-        cfg = UnActConfig(base.p if a.p is None else a.p, base.gamma if a.gamma is None else a.gamma,
-                          base.k if a.k is None else a.k, score)
-        cfg = replace(cfg, **over)
+        given = {"p": a.p, "gamma": a.gamma, "k": a.k}
+        cfg = replace(base, **{**{key: v for key, v in given.items() if v is not None}, **over})
         cfg.check()
         return cfg
 
@@ -93,6 +96,8 @@ class UnactBench:
                 bar.update(2)
             req, _, _ = ed.request("mask", full, cls=c)
             self._record("full class", name, "mask (logit)", req)
+            self._record("full class", name, "none (unedited)", replace(  # positive control: the class still there
+                req, after=req.before, delta=req.before.delta(req.oracle)), seconds=0.0)
             for score in self.scores if name == "resnet18" else ["attribution"]:
                 req, _, _ = ed.request("unact", full, cls=c, cfg=self._cfg(ed, score))
                 self._record("full class", name, f"unact ({score})" if name == "resnet18" else "unact", req)
@@ -117,10 +122,13 @@ class UnactBench:
         k rounds) and ours (each request stops once its images no longer give the class)."""
         labels = ed.dataset.test.labels[ed.test_index]
         base_pred = ed.predict_test(ed.model)
+        ours = self._cfg(ed, self.scores[0])
+        paper_k = DEFAULTS.get(ed.arch, (0, 0, ours.k))[2] if self.args.k is None else self.args.k
         for stop in ("rounds", "forgotten"):
             model = ed.working_copy()
             gone: list[int] = []
-            cfg = replace(self._cfg(ed, self.scores[0]), stop=stop)
+            # the paper's stop: its k rounds every request; ours: the run's default stopping rule
+            cfg = replace(ours, stop="rounds", k=paper_k) if stop == "rounds" else replace(ours, stop="forgotten")
             for c in self.classes:
                 t0 = time.perf_counter()
                 _, res = ed.run_unact(ed.class_images(c), cfg, model=model)
@@ -129,6 +137,7 @@ class UnactBench:
                 pred = ed.predict_test(model)
                 self.rows.append(self._sequential_row(ed, f"unact ({cfg.score}), stop: {stop}", c, gone, pred, labels,
                                                       base_pred, seconds, len(res.rounds)))
+                self.rows[-1]["stop_reason"] = res.stop_reason or "all rounds"
                 bar.update(1)
 
     def _sequential_row(self, ed: ClassEditor, method: str, c: int, gone: list[int], pred: np.ndarray,
@@ -277,11 +286,12 @@ class UnactBench:
                               f"{col('seconds_cold')} | {col('dampened_pct')} |")
         self.lines += ["", f"Mean ± standard deviation over classes {', '.join(map(str, self.classes))}.", ""]
 
-    def per_class_table(self, section: str, method_prefix: str) -> None:
+    def per_class_table(self, section: str, method_prefix: str | tuple[str, ...]) -> None:
         rows = [r for r in self.rows if r["section"] == section and r["method"].startswith(method_prefix)]
         if not rows:
             return
-        self.lines += [f"### {section}: {method_prefix} per class", "", "| method | class | n | Af before | Af | Ar before "
+        what = method_prefix if isinstance(method_prefix, str) else ", ".join(method_prefix)
+        self.lines += [f"### {section}: {what} per class", "", "| method | class | n | Af before | Af | Ar before "
                        "| Ar | Af* | Ar* | Delta |", "|---|---|---|---|---|---|---|---|---|---|"]
         f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         for r in rows:
@@ -327,6 +337,18 @@ class UnactBench:
                            f"(per class: {', '.join(f'{x:.1f}' for x in ratios_one)})",
                            f"- SSD warm / one-round UnAct: median {statistics.median(ratios_warm):.1f}x",
                            f"- SSD cold / {self._cfg_text()} UnAct: median {statistics.median(ratios_full):.1f}x", ""]
+
+    def resnet_rules(self, ed: ClassEditor) -> list[str]:
+        """What the ResNet rows' two UnAct rules are (ours: the run's default; the paper's)."""
+        ours, paper = self._cfg(ed, "attribution"), self._cfg(ed, "activation")
+        stop = lambda c: ("all k rounds" if c.stop == "rounds" else  # noqa: E731
+                          "stop once no request image gives c, c's mean probability below chance"
+                          + ("" if getattr(c, "tail", None) is None else
+                             f" and its largest below {c.tail:g} x chance") + ", at most k rounds")
+        return [f"UnAct rules: unact (attribution) = ours, p {ours.p:g}, gamma {ours.gamma:g}, k {ours.k}, "
+                f"{stop(ours)}; unact (activation) = the paper's, p {paper.p:g}, gamma {paper.gamma:g}, "
+                f"k {paper.k}, {stop(paper)}. none (unedited): the model before any request (positive control: "
+                "Delta against the oracle when nothing is removed).", ""]
 
     def _cfg_text(self) -> str:
         a = self.args
@@ -384,8 +406,9 @@ class UnactBench:
                       f"{wall / 60:.1f} min.", ""]
         if ed is not None:
             self.tuning_table()
+            self.lines += self.resnet_rules(ed) if ed.arch == "resnet18" else []
             self.table("full class", "Full class (every training image of the class)")
-            self.per_class_table("full class", "unact")
+            self.per_class_table("full class", ("unact", "none"))
             self.speed_lines()
             self.table("few-shot", "Few-shot requests (n seeded training images of the class)")
             self.per_class_table("few-shot", "unact")

@@ -5,7 +5,12 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from munkey_core.cli import main
+from munkey_core.model.classifiers import predict_labels
+from munkey_core.run.loaded import ClassifierRun
 
 
 def test_bench_unact_writes_tables(tiny_classifier_runs, tmp_path: Path, capsys) -> None:
@@ -28,6 +33,17 @@ def test_bench_unact_writes_tables(tiny_classifier_runs, tmp_path: Path, capsys)
     assert all(float(r["seconds_cold"]) > float(r["seconds"]) for r in rows if r["method"] == "ssd"
                and r["section"] == "full class")  # a cold request computes I_D; a warm one reads it
     assert (out / "unact_digits.md").read_text().startswith("## UnAct on digits")
+    # positive control: the unedited model's own test accuracy on the class, predicted here directly
+    run = ClassifierRun(tiny_classifier_runs["resnet18"], device="cpu")
+    test = run.dataset.test
+    pred = predict_labels(run.model, test.images, run.cfg.img_size)
+    control = {r["class"]: r for r in rows if r["section"] == "full class" and r["method"] == "none (unedited)"}
+    assert set(control) == {"1", "6"}
+    for c, r in control.items():
+        mine = test.labels == int(c)
+        assert float(r["Af"]) == pytest.approx(100 * np.mean(pred[mine] == int(c)))
+        assert float(r["Ar"]) == pytest.approx(100 * np.mean(pred[~mine] == test.labels[~mine]))
+    assert "full class: unact, none per class" in text
 
 
 def test_bench_unact_on_a_munkey_run_alone(tiny_run: Path, tmp_path: Path, capsys) -> None:
