@@ -1,0 +1,174 @@
+"""Training-seed variance of one fidelity-bench cell: runs and M-oracles on a fixed data split.
+
+Why: in docs/results/tuned_strong/fidelity_digits.md seed 2's key deletion is 2.51 Avg Gap from its
+M-oracle (floor 0.46) because its oracles test 4 points lower than the run. This trains, on the
+bench's split of a seed (split seed = forget seed = S, as `munkey bench fidelity --seed-list S` does),
+MUNKEY models that differ only in their training seed, with the bench's recipe (`munkey train
+--dataset digits --profile cpu --seed T --split-seed S`), either on the whole training split (a run)
+or without the bench's forget set (an M-oracle, `--exclude forget`) or without another random 10%
+(`--exclude randN`), and reports on the full test split, with the forget set deleted from the bank:
+TA of the ensemble and of each pathway alone, errors per class, and an exact McNemar test of each
+model against the first one named (paired: the same 359 test images).
+
+    OMP_NUM_THREADS=1 python scripts/fidelity_seed_variance.py train s2_t2 --split-seed 2 --train-seed 2
+    OMP_NUM_THREADS=1 python scripts/fidelity_seed_variance.py train s2_t2_oracle --split-seed 2 --train-seed 2 --exclude forget
+    OMP_NUM_THREADS=1 python scripts/fidelity_seed_variance.py compare s2_t2 s2_t2_oracle
+    OMP_NUM_THREADS=1 python scripts/fidelity_seed_variance.py strong s2_t2_oracle s2_t2 --recipe s2_t2
+
+`strong ORACLE NAME...` scores each model (forget set deleted) against ORACLE with the bench's strong
+attack: the same two MUNKEY reference models `munkey bench fidelity --mia strong` trains for that seed
+(the recipe of --recipe, a run whose training seed is its split seed, as the bench's run), so a run of
+the bench's own training seed reproduces the table's row and another training seed shows what the
+row would have been with that run.
+
+Models are cached under $SEEDVAR_DIR (default runs/seedvar); `train` appends one JSON line to
+$SEEDVAR_DIR/results.jsonl (TA/RA/FA/cheap MIA on the bench's evaluation sets, before and after the
+deletion for a run, and the validation curve). About 5-8 minutes per digits model on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+from math import comb
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from munkey_core.data import datasets as data_mod
+from munkey_core.data.sampling import random_ids
+from munkey_core.eval.oracles import eval_sets, measure, munkey_scorer
+from munkey_core.model.munkey_vit import preprocess_images
+from munkey_core.model.predict import predict
+from munkey_core.service import MunkeyRun
+from munkey_core.training.runs import train_run
+
+ROOT = Path(os.environ.get("SEEDVAR_DIR", "runs/seedvar"))
+RATE = 0.1  # the bench's forget fraction
+
+
+def excluded_ids(split_seed: int, exclude: str) -> list[int]:
+    """The training ids left out: none, the bench's forget set of this seed, or random 10% number N."""
+    ds = data_mod.load_dataset("digits", seed=split_seed)
+    if exclude == "none":
+        return []
+    if exclude == "forget":
+        return random_ids(ds.train.ids, RATE, split_seed)
+    if exclude.startswith("rand"):
+        return random_ids(ds.train.ids, RATE, int(exclude[4:]))
+    raise SystemExit(f"--exclude: none, forget or randN, not {exclude!r}")
+
+
+def train(args: argparse.Namespace) -> None:
+    out = ROOT / args.name
+    t0 = time.time()
+    if not (out / "config.json").exists():
+        train_run("digits", out, profile="cpu", overrides={"seed": args.train_seed, "split_seed": args.split_seed},
+                  exclude_ids=excluded_ids(args.split_seed, args.exclude), progress=False)
+    run = MunkeyRun(out, device="cpu")
+    forget = random_ids(run.dataset.train.ids, RATE, args.split_seed)
+    sets = eval_sets(run.dataset, forget, max_samples=2000, seed=args.split_seed)  # the bench's samples
+    k, tau = run.train_cfg.k, run.train_cfg.tau
+    keys = ("TA", "RA", "FA", "MIA")
+    res = {"name": args.name, "split_seed": args.split_seed, "train_seed": args.train_seed, "exclude": args.exclude,
+           "n_train": len(run.bank), "seconds": round(time.time() - t0)}
+    m = measure(munkey_scorer(run.model, run.bank, run.dataset, run.split_keys, k, tau), run.dataset, sets)
+    res["as_trained"] = {c: m[c] for c in keys}
+    if args.exclude == "none":
+        bank = copy.deepcopy(run.bank)
+        bank.delete(forget)
+        m = measure(munkey_scorer(run.model, bank, run.dataset, run.split_keys, k, tau), run.dataset, sets)
+        res["after_deletion"] = {c: m[c] for c in keys}
+    hist = json.loads((out / "history.json").read_text())
+    res["val_acc_every_10_epochs"] = [round(h.get("val_acc", -1), 1) for h in hist[9::10]]
+    print(json.dumps(res))
+    with open(ROOT / "results.jsonl", "a") as f:
+        f.write(json.dumps(res) + "\n")
+
+
+def test_correct(run: MunkeyRun, pathway: str) -> np.ndarray:
+    """(N_test,) bool: which test images the run gets right, with the bench's forget set deleted."""
+    ds = run.dataset
+    bank = copy.deepcopy(run.bank)
+    bank.delete(random_ids(ds.train.ids, RATE, run.train_cfg.data_seed))  # absent ids are skipped
+    x = preprocess_images(torch.from_numpy(np.ascontiguousarray(ds.test.images)), run.model.cfg.img_size)
+    p = predict(run.model, bank, x, run.split_keys("test"), k=run.train_cfg.k, tau=run.train_cfg.tau,
+                pathway=pathway, neighbour_predictions=False)
+    return p.labels == ds.test.labels
+
+
+def mcnemar(a: np.ndarray, b: np.ndarray) -> tuple[int, int, float]:
+    """(right by a only, right by b only, exact two-sided McNemar p) of two paired correctness vectors."""
+    n01, n10 = int((a & ~b).sum()), int((~a & b).sum())
+    n = n01 + n10
+    p = min(1.0, 2 * sum(comb(n, i) for i in range(min(n01, n10) + 1)) / 2 ** n) if n else 1.0
+    return n01, n10, p
+
+
+def compare(args: argparse.Namespace) -> None:
+    first = None
+    for name in args.names:
+        run = MunkeyRun(ROOT / name, device="cpu")
+        right = {pw: test_correct(run, pw) for pw in ("both", "image", "token")}
+        row = {pw: round(100 * float(r.mean()), 2) for pw, r in right.items()}
+        row["errors_per_class"] = np.bincount(run.dataset.test.labels[~right["both"]], minlength=10).tolist()
+        if first is None:
+            first = (name, right["both"])
+        else:
+            only_first, only_this, p = mcnemar(first[1], right["both"])
+            row[f"vs {first[0]}"] = {"right only there": only_first, "right only here": only_this, "p": round(p, 4)}
+        print(name, json.dumps(row), flush=True)
+
+
+def strong(args: argparse.Namespace) -> None:
+    from munkey_core.eval.mia import StrongAttack
+    from munkey_core.eval.oracles import gaps, train_reference_models
+
+    recipe = MunkeyRun(ROOT / args.recipe, device="cpu")
+    ds, seed = recipe.dataset, recipe.train_cfg.data_seed
+    forget = random_ids(ds.train.ids, RATE, seed)
+    sets = eval_sets(ds, forget, max_samples=2000, seed=seed)
+    refs = train_reference_models(recipe.config, ROOT / f"refs_munkey_split{seed}", family="munkey", n_refs=2,
+                                  seed=seed, exclude_ids=forget, device="cpu")
+    attack = StrongAttack(refs, ds, sets.forget, sets.test)
+
+    def metrics(name: str) -> dict:
+        run = MunkeyRun(ROOT / name, device="cpu")
+        bank = copy.deepcopy(run.bank)
+        bank.delete(forget)
+        k, tau = run.train_cfg.k, run.train_cfg.tau
+        return measure(munkey_scorer(run.model, bank, ds, recipe.split_keys, k, tau), ds, sets, attack)
+
+    oracle = metrics(args.oracle)
+    for name in [args.oracle, *args.names]:
+        m = metrics(name)
+        row = {c: round(m[c], 2) for c in ("TA", "RA", "FA", "MIA", "TPR@1%", "TPR@0.1%")}
+        row["AvgGap"] = round(gaps(m, oracle)["AvgGap"], 2)
+        print(name, json.dumps(row), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("name")
+    t.add_argument("--split-seed", type=int, required=True)
+    t.add_argument("--train-seed", type=int, required=True)
+    t.add_argument("--exclude", default="none", help="none (a run), forget (an M-oracle) or randN")
+    c = sub.add_parser("compare")
+    c.add_argument("names", nargs="+")
+    s = sub.add_parser("strong")
+    s.add_argument("oracle")
+    s.add_argument("names", nargs="*")
+    s.add_argument("--recipe", required=True, help="a run of this split trained with training seed = split seed")
+    args = ap.parse_args()
+    ROOT.mkdir(parents=True, exist_ok=True)
+    {"train": train, "compare": compare, "strong": strong}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
