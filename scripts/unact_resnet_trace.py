@@ -9,6 +9,7 @@ splits. A "forgotten" stop only truncates this deterministic sequence of edits, 
 class oracle exists, Delta on the test split.
 
     OMP_NUM_THREADS=1 python scripts/unact_resnet_trace.py runs/demo_resnet18 --out trace.json
+    python scripts/unact_resnet_trace.py runs/demo_resnet18 --second-oracle 0:runs/oracle_seed1/class_0
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from munkey_core.model.classifiers import predict_labels
+from munkey_core.run.loaded import load_run
 from munkey_core.unlearn.classforget import ClassEditor, class_metrics
 
 
@@ -83,8 +85,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--out", default=None, help="JSON file for the traces (read back with --load)")
     ap.add_argument("--load", default=None, help="comma-separated trace files to summarise instead")
+    ap.add_argument("--second-oracle", action="append", default=[], metavar="CLASS:RUN",
+                    help="the oracle noise floor: Delta between the run's class oracle and this one (another seed)")
     a = ap.parse_args()
     ed = ClassEditor(a.run, device="cpu")
+    if a.second_oracle:
+        for spec in a.second_oracle:
+            c, path = spec.split(":", 1)
+            first, second = ed.oracle_metrics(int(c)), load_run(path, device="cpu")
+            tl = ed.dataset.test.labels[ed.test_index]
+            m = class_metrics(second.predict_split("test", ed.test_index), tl, int(c), ed.num_classes)
+            print(f"class {c}: oracle Af {first.Af:.2f} Ar {first.Ar:.2f} | second oracle Af {m.Af:.2f} Ar {m.Ar:.2f} "
+                  f"| oracle-vs-oracle Delta {m.delta(first):.2f}")
+        return
     if a.load:
         traces = [t for f in a.load.split(",") for t in json.load(open(f))]
     else:
@@ -97,7 +110,7 @@ def main() -> None:
         t["oracle"] = None if o is None else {"Af": o.Af, "Ar": o.Ar}
     k = min(len(t["rows"]) - 1 for t in traces)
     rules = [("paper's k 20 (all rounds)", "rounds", 20), ("chance, k 20", None, 20), (f"chance, k {k}", None, k)]
-    rules += [(f"tail {tl:g}, k {kk}", tl, kk) for tl in (1.0, 2.0, 3.0, 5.0) for kk in (20, k)]
+    rules += [(f"tail {tl:g}, k {kk}", tl, kk) for tl in (1.0, 1.25, 1.5, 2.0, 3.0) for kk in (20, k)]
     rules += [(f"all rounds, k {kk}", "rounds", kk) for kk in (30, k)]
     summarise(traces, [r for r in rules if r[2] <= k])
 
