@@ -39,7 +39,7 @@ def main() -> None:
     ed = ClassEditor(a.run, device="cpu")
     cfg = ed.default_config()
     if a.rule != "default":  # the default before the retain guard, or the paper's rule
-        cfg = replace(cfg, guard=None, protect=None, backoff=None, margin=0.0,
+        cfg = replace(cfg, guard=None, protect=None, backoff=None, margin=0.0, tail=None,
                       stop="rounds" if a.rule == "paper" else cfg.stop)
     over = {k: getattr(a, k) for k in ("guard", "protect", "margin") if getattr(a, k) is not None}
     if a.backoff is not None:

@@ -159,7 +159,7 @@ class UnactBench:
 
     def munkey_sections(self, ed: ClassEditor, bar: tqdm) -> None:
         cfg = self.munkey_cfg(ed)
-        bare = replace(cfg, guard=None, protect=None, backoff=None, margin=0.0)  # the default before the guard
+        bare = replace(cfg, guard=None, protect=None, backoff=None, margin=0.0, tail=None)  # the default before the guard
         rows = [("keys", "keys", None, None), ("mask (logit)", "mask", None, None),
                 ("unact (inference path)", "unact", cfg, None), ("keys+unact (inference path)", "keys+unact", cfg, None),
                 (EARLIER_DEFAULT, "keys+unact", bare, None),
@@ -182,7 +182,7 @@ class UnactBench:
         """Key deletion + UnAct for the classes one after another on one model and one bank: the product
         default (retain guard), the same without the guard, and the paper's rule (all k rounds, no guard)."""
         default = self.munkey_cfg(ed)
-        bare = replace(default, guard=None, protect=None, backoff=None, margin=0.0)
+        bare = replace(default, guard=None, protect=None, backoff=None, margin=0.0, tail=None)
         rules = [("keys+unact (inference path)", default),
                  (EARLIER_DEFAULT, bare),
                  ("keys+unact (paper's rule: all k rounds)", replace(bare, stop="rounds"))]
@@ -416,7 +416,8 @@ class UnactBench:
         if med is not None:
             c = self.munkey_cfg(med)
             self.lines += [f"UnAct on the MUNKEY backbone (the product default): p {c.p:g}, gamma {c.gamma:g}, k {c.k}, "
-                           f"stop: {c.stop} (c's mean probability below n / (n + {c.margin:g}) x chance), retain "
+                           f"stop: {c.stop} (c's mean probability below n / (n + {c.margin:g}) x chance"
+                           + ("" if c.tail is None else f", its largest below {c.tail:g} x chance") + "), retain "
                            f"guard {c.guard} points (backoff p {c.backoff}); scored along the inference path (each "
                            "image with its K neighbours from the bank the request leaves, ensemble-weighted), MLP "
                            "neurons of the last third of the blocks plus the classifier's inputs. The earlier design: "

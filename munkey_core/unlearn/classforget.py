@@ -56,12 +56,14 @@ METHODS = ("unact", "ssd", "lfssd", "keys", "keys+unact", "mask")
 # UnAct on a MUNKEY backbone (along its inference path): p 90 (10 % of each group a round), gamma 0.01,
 # k 20, the classifier's inputs in scope, the "forgotten" stopping rule with a 15-image margin (c's
 # mean probability over the request below n / (n + 15) of chance: a quarter of it for 5 images, so that
-# a few images generalise to the class) and a 2-point retain guard on a probe of the kept classes' bank
-# exemplars, which at its first breach goes on at p 99 (the top 1 % of each group a round) and stops
-# at the next (docs/results/unact_digits.md)
-MUNKEY_CONFIG = UnActConfig(*DEFAULTS["munkey"], "attribution", stop="forgotten", guard=2.0, backoff=99.0,
-                            margin=15.0)
+# a few images generalise to the class) and a tail (c's largest probability over the request below twice
+# chance, so that the class's least typical unseen images go too), and a 2-point retain guard on a probe
+# of the kept classes' bank exemplars that also undoes a round costing one kept class two of its probe
+# images, which at its first breach goes on at p 99 (the top 1 % of each group a round) and stops at
+# the next (docs/results/unact_digits.md)
 PROBE_PER_CLASS = 10  # kept-class images per class in the retain probe (seeded)
+MUNKEY_CONFIG = UnActConfig(*DEFAULTS["munkey"], "attribution", stop="forgotten", guard=2.0, backoff=99.0,
+                            margin=15.0, tail=2.0, class_guard=100.0 / PROBE_PER_CLASS)
 MUNKEY_HEAD = True
 MASK_LOGIT = -1e4
 ORACLE_DIR = "oracles"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -366,3 +367,22 @@ def test_forgotten_stop_ends_once_the_images_no_longer_give_the_class(resnet_edi
     with torch.no_grad():  # what the rule promises, checked on the edited model
         probs = torch.softmax(model(imgs), dim=1)
     assert not (probs.argmax(1) == 3).any() and float(probs[:, 3].mean()) < 1 / 10
+
+
+def test_tail_stop_goes_on_until_no_image_gives_the_class_above_the_tail(resnet_editor: ClassEditor) -> None:
+    """`tail`: "forgotten" also needs every request image's probability of the class below tail x chance.
+    The same rounds as the mean-only rule, then more until the least forgotten image is below it too
+    (tail 1 here: on this small ResNet the mean-only rule already leaves every image below twice chance)."""
+    imgs = resnet_editor.to_input(resnet_editor.class_images(3, 40))
+    base = UnActConfig(p=90, gamma=0.1, k=15, score="attribution", stop="forgotten")
+    mean_only = unact(scope_for(resnet_editor.working_copy(), score="attribution"), imgs, base)
+    model = resnet_editor.working_copy()
+    tailed = unact(scope_for(model, score="attribution"), imgs, replace(base, tail=1.0))
+    assert mean_only.stop_reason == tailed.stop_reason == "forgotten"
+    assert len(tailed.rounds) > len(mean_only.rounds)  # on this model the mean-only rule stops too soon
+    assert [r.selected for r in tailed.rounds[:len(mean_only.rounds)]] == [r.selected for r in mean_only.rounds]
+    with torch.no_grad():  # what the rule promises, checked on the edited model with its own forward
+        probs = torch.softmax(model(imgs), dim=1)
+    assert not (probs.argmax(1) == 3).any() and float(probs[:, 3].max()) < 1 / 10
+    with pytest.raises(MunkeyError, match="tail must be"):
+        replace(base, tail=0.0).check()
