@@ -184,7 +184,8 @@ def _add_unact(sub: argparse._SubParsersAction) -> None:
                    "class logit; measured best, see docs/results) or activation (the paper's mean post-ReLU "
                    "activation); ViTs always use attribution")
     p.add_argument("--no-retain-guard", action="store_true", help="MUNKEY runs: turn off the retain guard (which "
-                   "undoes a round and stops once the kept classes' probe loses more than 2 points)")
+                   "undoes a round and stops once the kept classes' probe loses more than 2 points, or one kept class more "
+                   "than one of its 10 probe images)")
     p.add_argument("--out", default=None, help="new run directory for the edited model (default RUN_unact_cC[_N])")
     p.add_argument("--no-save", action="store_true", help="only measure; write nothing")
     p.add_argument("--train-oracle", action="store_true", help="train the class oracle first if it is missing "
@@ -521,7 +522,9 @@ def cmd_unact(args: argparse.Namespace) -> int:
                                                if req.oracle else "- (no class oracle: add --train-oracle)"))
     if req.details.get("stop_reason") == "retain guard":
         text += (f"\n  stopped by the retain guard: one more round would have cost the kept classes more than "
-                 f"{req.details['guard']:g} points on their probe; the class is only partly removed")
+                 f"{req.details['guard']:g} points on their probe"
+                 + (f", or one kept class more than {req.details['class_guard']:g}" if req.details.get("class_guard")
+                    is not None else "") + "; the class is only partly removed")
     text += f"\nsaved as a new run: {out} (the original is untouched)" if out else "\nnot saved (--no-save)"
     _emit(row, args.json, text)
     return 0

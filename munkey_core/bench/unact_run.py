@@ -418,7 +418,8 @@ class UnactBench:
             self.lines += [f"UnAct on the MUNKEY backbone (the product default): p {c.p:g}, gamma {c.gamma:g}, k {c.k}, "
                            f"stop: {c.stop} (c's mean probability below n / (n + {c.margin:g}) x chance"
                            + ("" if c.tail is None else f", its largest below {c.tail:g} x chance") + "), retain "
-                           f"guard {c.guard} points (backoff p {c.backoff}); scored along the inference path (each "
+                           f"guard {c.guard} points" + ("" if c.class_guard is None else f", {c.class_guard:g} for one kept class")
+                           + f" (backoff p {c.backoff}); scored along the inference path (each "
                            "image with its K neighbours from the bank the request leaves, ensemble-weighted), MLP "
                            "neurons of the last third of the blocks plus the classifier's inputs. The earlier design: "
                            "p 99, k 20, image pathway (null token), every block, no classifier inputs. mask: the "

@@ -461,7 +461,7 @@ class ClassEditor:
                            p=res.config.p, gamma=res.config.gamma, k=res.config.k, stop=res.config.stop,
                            stop_reason=res.stop_reason or "all rounds")
             if res.config.guard is not None:  # the retain guard: the kept classes' probe before and after
-                details.update(guard=res.config.guard, probe_before=res.probe_start,
+                details.update(guard=res.config.guard, class_guard=res.config.class_guard, probe_before=res.probe_start,
                                probe_after=next((r.probe_accuracy for r in reversed(res.rounds)), res.probe_start))
             if self.arch == "resnet18":
                 details["score"] = res.config.score
