@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from munkey_core.unlearn.classforget import ClassEditor
+from munkey_core.unlearn.classforget import ClassEditor, guard_limits
 from munkey_core.dashboard.classforget_job import ClassUnlearnJob, warm_up
 from munkey_core.run.loaded import classifier_runs_in
 from munkey_core.training.classifier import RESNET_PROFILES, train_classifier_run
@@ -197,9 +197,7 @@ v = verdict("Af", req.after.Af, af_target, n=n_cls,
 if req.details.get("stop_reason") == "retain guard":
     st.warning(f"The retain guard stopped this request after {req.details.get('rounds', 0)} rounds: the next round "
                "would have lowered the kept classes' accuracy on their probe (10 bank exemplars per kept class) by more "
-               f"than {req.details.get('guard', 0):g} points"
-               + (f", or one kept class's by more than {req.details['class_guard']:g}" if req.details.get("class_guard")
-                  is not None else "") + ", so it was undone. The class is only partly removed; "
+               f"than {guard_limits(req.details)}, so it was undone. The class is only partly removed; "
                "removing more from this model would cost the classes you keep.", icon=":material/shield:")
 st.caption(f"The whole request took {job.elapsed:.1f} s (edit {req.seconds:.2f} s; the rest is measuring accuracy before "
            "and after" + (" and the comparisons)." if job.rows and len(job.rows) > 1 else ")."))

@@ -545,6 +545,13 @@ class ClassEditor:
         return out
 
 
+def guard_limits(details: dict) -> str:
+    """How far a request's retain guard let the kept classes' probe fall ("2 points", or "2 points, or
+    one kept class more than 10"), for the messages of the CLI and the Class unlearning page."""
+    text = f"{details.get('guard', 0):g} points"
+    return text if details.get("class_guard") is None else f"{text}, or one kept class more than {details['class_guard']:g}"
+
+
 def mask_logit(model: torch.nn.Module, cls: int) -> torch.nn.Module:
     """The trivial suppression, in place: the classifier row of `cls` zeroed and its bias set to
     MASK_LOGIT, so the class is never predicted. Nothing else changes: the features still carry it."""

@@ -50,8 +50,9 @@ gains) with the probe's accuracy unchanged (on a tiny digits run, removing class
 other classes raised the probe's accuracy 70 -> 74 % while its class 9 went 2/10 -> 0/10 and the
 kept classes' test accuracy 78 -> 71 %). Both are counts of right answers, so they ignore the
 general loss of confidence forgetting brings (on the digits demo run the probe's mean probability
-of the right class falls 91.6 -> 77 % over a removal whose kept-class test accuracy rises). The round that would breach it is undone (its weights restored from a copy taken before it)
-and the request stops ("retain guard"), so a request that can no longer remove its class without
+of the right class falls 91.6 -> 77 % over a removal whose kept-class test accuracy rises). The
+round that would breach either is undone (its weights restored from a copy taken before it) and
+the request stops ("retain guard"), so a request that can no longer remove its class without
 costing the kept ones says so instead of collapsing the model. `backoff` (a percentile above p): at
 the first undo, the request goes on with that finer percentile (only the top units of each group a
 round) and stops at the next breach. `protect` (a ratio rho): each round's
@@ -421,10 +422,11 @@ def _probe_stats(probe: RetainProbe) -> tuple[float, dict[int, float], np.ndarra
         correct += int(hit.sum())
         base = base.double().cpu()
         for c in np.unique(lab):
-            right[int(c)] = right.get(int(c), 0) + int(hit[lab == c].sum())
-            part = base[torch.as_tensor(lab == c)].sum(0)
+            mine = lab == c  # (B,) this batch's images of kept class c
+            right[int(c)] = right.get(int(c), 0) + int(hit[mine].sum())
+            part = base[torch.as_tensor(mine)].sum(0)
             sums[int(c)] = part if int(c) not in sums else sums[int(c)] + part
-            counts[int(c)] = counts.get(int(c), 0) + int((lab == c).sum())
+            counts[int(c)] = counts.get(int(c), 0) + int(mine.sum())
     kept = np.stack([_scores(probe.scope, (sums[c] / counts[c]).numpy(), c) for c in sorted(sums)]).max(0)
     return 100.0 * correct / len(labels), {c: 100.0 * right[c] / counts[c] for c in sorted(counts)}, kept
 
