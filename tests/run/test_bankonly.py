@@ -69,12 +69,14 @@ def _state(run: Path) -> dict:
     log = open_log(run, None)
     with log:
         entries = [_scrub(e.body) for e in log.entries()]
-    receipts = sorted((run / "receipts").glob("*.json"))
+    # in log order: two requests in the same second have request ids ordered by their random suffix
+    receipts = sorted((json.loads(p.read_text()) for p in (run / "receipts").glob("*.json")),
+                      key=lambda r: r["entry"]["seq"])
     return {"bank_ids": bank.ids.tolist(), "bank_fp": bank.fingerprint(),
             "bank_bytes": (run / "bank.store").read_bytes(),
             "rows": {p.name: p.read_bytes() for p in rows.row_files(RunPaths(run).checkpoints)},
             "forgotten": forgotten["ids"], "requests": [r["ids"] for r in forgotten["requests"]],
-            "entries": entries, "receipts": [_scrub(json.loads(p.read_text())) for p in receipts],
+            "entries": entries, "receipts": [_scrub(r) for r in receipts],
             "derived": {str(p.relative_to(run)): _arrays(p) for p in sorted(run.rglob("*.npz"))},
             "files": sorted(str(p.relative_to(run)) for p in run.rglob("*") if "receipts" not in p.parts
                             and p.name not in {".lock", ".deletion.lock"})}
