@@ -4,7 +4,8 @@ Sections (each row: Af, Ar on the test set, the oracle's Af* and Ar*, Delta, sec
 - SSD/LFSSD tuning (--ssd-tune): alpha x lambda x batch size on the validation split, one working
   point per method for the dataset (I_D in the reference order; docs/results/README.md);
 - full class: every training image of the class; UnAct (each scoring asked for), one-round UnAct,
-  SSD and LFSSD, each timed cold (I_D computed) and warm (I_D cached), and the masked logit;
+  SSD and LFSSD, each timed cold (I_D computed) and warm (I_D cached), and the masked logit
+  (`--no-ssd` leaves SSD/LFSSD out, e.g. on a width-64 ResNet on a CPU);
 - few-shot: n images (seeded), UnAct for each n, SSD/LFSSD at the smallest n;
 - sequential: the classes forgotten one after another in the same model, with the paper's rule (all k
   rounds) and ours (stop once forgotten) (retain accuracy over the classes still kept, against the
@@ -45,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "for few-shot and sequential rows")
     p.add_argument("--train-oracles", action="store_true", help="train missing class oracles first")
     p.add_argument("--no-sequential", action="store_true")
+    p.add_argument("--no-ssd", action="store_true", help="skip the SSD/LFSSD rows (each cold request is a backward "
+                   "pass over the whole training set: the most expensive rows on a wide model)")
     p.add_argument("--munkey-rows", choices=("all", "controls"), default="all",
                    help="MUNKEY sections: all (default) or controls: keys+unact with its controls only (keys alone, "
                    "the masked logit, UnAct alone) and only the product's rule in the sequential section; the "

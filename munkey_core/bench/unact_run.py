@@ -85,9 +85,10 @@ class UnactBench:
         name = ed.arch
         primary = self.scores[0]
         small = min(n for n in self.shots if n) if any(self.shots) else 5
+        ssd_methods = () if self.args.no_ssd else ("ssd", "lfssd")
         for c in self.classes:
             full = ed.class_images(c)
-            for method in ("ssd", "lfssd"):
+            for method in ssd_methods:
                 scfg = self.ssd_cfg.get(method)
                 cold, _, _ = ed.request(method, full, cls=c, cold=True, ssd=scfg)
                 warm, _, _ = ed.request(method, full, cls=c, ssd=scfg)
@@ -111,7 +112,7 @@ class UnactBench:
                     req, _, _ = ed.request("unact", imgs, cls=c, cfg=self._cfg(ed, score))
                     self._record("few-shot", name, f"unact ({score})" if name == "resnet18" else "unact", req)
                 if n == small:
-                    for method in ("ssd", "lfssd"):
+                    for method in ssd_methods:
                         req, _, _ = ed.request(method, imgs, cls=c, ssd=self.ssd_cfg.get(method))
                         self._record("few-shot", name, method, req)
                         self.rows[-1]["dampened_pct"] = req.details.get("dampened_pct")
@@ -364,6 +365,8 @@ class UnactBench:
                               "--munkey-run, or the MUNKEY run alone.")
         med = first if ed is None else (ClassEditor(a.munkey_run, device=a.device) if a.munkey_run else None)
         editors = [e for e in (ed, med) if e is not None]
+        if a.no_ssd and a.ssd_tune:
+            raise MunkeyError("--ssd-tune tunes the SSD/LFSSD rows that --no-ssd leaves out; pass one of them.")
         bad = [c for c in self.classes if not 0 <= c < first.num_classes]
         if bad:
             raise MunkeyError(f"Class(es) {bad} do not exist in this run (classes 0-{first.num_classes - 1}).")
@@ -375,7 +378,8 @@ class UnactBench:
         total = 0
         if ed is not None:
             n_scores = len(self.scores) if ed.arch == "resnet18" else 1
-            total += (6 + n_scores + len([s for s in self.shots if s])) * n + (0 if a.no_sequential else 2 * n)
+            total += ((2 if a.no_ssd else 6) + n_scores + len([s for s in self.shots if s])) * n
+            total += 0 if a.no_sequential else 2 * n
             total += 2 * len(SSD_BATCHES) * n if a.ssd_tune else 0
         if med is not None:
             per_class, rules = (11, 3) if a.munkey_rows == "all" else (6, 1)
@@ -406,6 +410,8 @@ class UnactBench:
                       f"{wall / 60:.1f} min.", ""]
         if ed is not None:
             self.tuning_table()
+            if a.no_ssd:
+                self.lines += ["SSD / LFSSD rows not run (--no-ssd).", ""]
             self.lines += self.resnet_rules(ed) if ed.arch == "resnet18" else []
             self.table("full class", "Full class (every training image of the class)")
             self.per_class_table("full class", ("unact", "none"))

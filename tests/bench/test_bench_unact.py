@@ -84,3 +84,21 @@ def test_bench_unact_munkey_controls_only(tiny_run: Path, tmp_path: Path, capsys
     for c in ("2", "5"):
         assert len({r["Ar_before"] for r in rows if r["class"] == c and r["section"] != "munkey sequential"}) == 1
     assert "| Ar unedited |" in text
+
+
+def test_bench_unact_no_ssd(tiny_classifier_runs, tmp_path: Path, capsys) -> None:
+    """`--no-ssd`: both UnAct rules, the mask and the unedited control, and no SSD/LFSSD row; with --ssd-tune
+    it is refused (there would be nothing to tune for)."""
+    out = tmp_path / "results"
+    run = str(tiny_classifier_runs["resnet18"])
+    assert main(["bench", "unact", run, "--classes", "1", "--shots", "5,all", "--scores", "attribution,activation",
+                 "--k", "3", "--no-ssd", "--no-sequential", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = list(csv.DictReader(open(out / "unact_digits.csv")))
+    methods = {(r["section"], r["method"]) for r in rows}
+    assert not {m for _, m in methods} & {"ssd", "lfssd"}
+    for m in ("unact (attribution)", "unact (activation)", "mask (logit)", "none (unedited)"):
+        assert ("full class", m) in methods
+    assert ("few-shot", "unact (activation)") in methods and ("few-shot", "unact (attribution)") in methods
+    assert "SSD / LFSSD rows not run (--no-ssd)." in text and "SSD cold / one-round" not in text
+    assert main(["bench", "unact", run, "--classes", "1", "--no-ssd", "--ssd-tune"]) != 0

@@ -386,3 +386,42 @@ def test_tail_stop_goes_on_until_no_image_gives_the_class_above_the_tail(resnet_
     assert not (probs.argmax(1) == 3).any() and float(probs[:, 3].max()) < 1 / 10
     with pytest.raises(MunkeyError, match="tail must be"):
         replace(base, tail=0.0).check()
+
+
+def _reference_resnet_loop(model: torch.nn.Module, x: torch.Tensor, p: float, gamma: float, k: int) -> list[set[int]]:
+    """The reference's ResNet rule (UnAct's `unlearn_blocks`, scope layer4_last) written out again: each
+    round a forward hook on the last block records its output (B, C, H, W), the channel profile is its
+    spatial mean averaged over the images, the mask is `profile >= torch.quantile(profile, p / 100)`,
+    and conv2's filters, bn2's scale and shift and fc's columns of the masked channels are multiplied by
+    gamma. Returns each round's masked channels."""
+    block = model.layer4[-1]
+    masks = []
+    for _ in range(k):
+        outs: list[torch.Tensor] = []
+        handle = block.register_forward_hook(lambda m, i, o: outs.append(o.detach().mean(dim=(2, 3))))
+        with torch.no_grad():
+            model(x)
+        handle.remove()
+        profile = torch.cat(outs).mean(dim=0)
+        mask = profile >= torch.quantile(profile, p / 100.0)
+        with torch.no_grad():
+            block.conv2.weight[mask] *= gamma
+            block.bn2.weight[mask] *= gamma
+            block.bn2.bias[mask] *= gamma
+            model.fc.weight[:, mask] *= gamma
+        masks.append(set(torch.nonzero(mask).flatten().tolist()))
+    return masks
+
+
+def test_resnet_paper_rule_over_k_rounds_matches_an_independent_reference_loop(resnet_editor: ClassEditor) -> None:
+    """The paper's rule as the bench and `munkey unact --score activation` run it (all k rounds, each round
+    re-profiled on the edited model) against the reference loop above: the same channels every round and
+    the same final weights."""
+    images = resnet_editor.class_images(2, 30)
+    x, ref = resnet_editor.to_input(images), resnet_editor.working_copy()
+    ours, res = resnet_editor.run_unact(images, UnActConfig(p=90, gamma=0.1, k=6, score="activation"))
+    ref_masks = _reference_resnet_loop(ref, x, 90, 0.1, 6)
+    assert [set(r.selected) for r in res.rounds] == ref_masks
+    assert len(set().union(*ref_masks)) > len(ref_masks[0])  # later rounds reach other channels
+    for (name, a), b in zip(ours.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
