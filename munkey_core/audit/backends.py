@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
@@ -89,6 +90,28 @@ class SqliteStore:
                 self.conn.executescript("BEGIN IMMEDIATE;" + _SQLITE_SCHEMA + "COMMIT;")
         except sqlite3.DatabaseError as exc:
             raise self._damaged(exc) from None
+
+    @staticmethod
+    def prepare(path: Path) -> Path:
+        """A new, empty log with the schema in a temporary file beside `path` (owner-only), not yet
+        flushed: the caller flushes it and renames it over `path` with the run's binding in one group
+        write (audit/log.py `open_log`: two rounds of flushes, where creating the schema in place took
+        four flushes and the binding two more). A crash before the rename leaves a stray temporary
+        file, which the next open of the run removes; the log is never seen half made."""
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            conn = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=OFF")  # no rollback journal for a file nobody else sees yet
+                conn.execute("PRAGMA synchronous=OFF")  # flushed by the caller, once, before the rename
+                conn.executescript("BEGIN;" + _SQLITE_SCHEMA + "COMMIT;")
+            finally:
+                conn.close()
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return Path(tmp)
 
     def _damaged(self, exc: Exception) -> MunkeyError:
         return MunkeyError(f"The audit log {self.path} is damaged or unreadable ({exc}); restore it from a "

@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable, Sequence
 
 from munkey_core.audit.backends import SQLITE_NAME, PostgresStore, Row, SqliteStore, Store, describe_postgres
 from munkey_core.audit.canonical import Encoded, canonical_bytes, canonical_json, sha256_hex
@@ -37,7 +38,7 @@ from munkey_core.audit import signing
 from munkey_core.errors import MunkeyError
 from munkey_core.run.lock import crash_point
 from munkey_core.run.rows import bank_ids
-from munkey_core.atomic import atomic_write_json, fsync_dir, read_json
+from munkey_core.atomic import atomic_write_json, atomic_write_many, fsync_dir, json_bytes, read_json
 
 LOG_FORMAT = "munkey-audit/1"
 HEAD_FORMAT = "munkey-audit-head/1"  # what a log head's signature covers
@@ -221,7 +222,7 @@ class AuditLog:
 
     def signer_key(self) -> str:
         """The public key (hex) that signs this log's heads and receipts from this machine; recorded in
-        the run's binding the first time it signs here."""
+        the run's binding when the log is created here (`open_log`) or the first time it signs here."""
         key = signing.signer(self.root).public_key
         known = list(self.binding.get("signing_keys", []))
         if key not in known:
@@ -230,9 +231,13 @@ class AuditLog:
         return key
 
     # ----- writing ----------------------------------------------------------------------
-    def append(self, body: dict) -> Entry:
+    def append(self, body: dict, *, also: Callable[[Entry], list[tuple[Path, bytes]]] | None = None,
+               flush_pending_removal: bool = True) -> Entry:
         """Append an entry (body must carry kind, request_id and run_id); returns it with its hash.
-        The caller holds the run lock."""
+        The caller holds the run lock. `also(entry)`: files written with the anchor in one group (the
+        entry's receipt, audit/receipts.py `append_with_receipt`): each atomic, all durable on return.
+        `flush_pending_removal=False`: the caller flushes the run folder afterwards (a deletion removes
+        its journal there), which makes the removal of audit_pending.json durable too."""
         if body.get("run_id") != self.run_id:
             raise ValueError("entry body must carry this log's run_id")
         text = canonical_json(body)  # encoded once: the row, its hash and the receipt reuse it
@@ -249,20 +254,25 @@ class AuditLog:
 
         row = self.store.append(self.run_id, build, before_commit)
         crash_point("audit-committed")
-        self._anchor(row.seq, row.entry_hash)
+        entry = Entry(row.seq, row.prev_hash, row.entry_hash, body, text)
+        self._anchor(row.seq, row.entry_hash, also(entry) if also is not None else (), flush_pending_removal)
         crash_point("audit-head")
-        return Entry(row.seq, row.prev_hash, row.entry_hash, body, text)
+        return entry
 
-    def _anchor(self, seq: int, hash_: str) -> None:
+    def _anchor(self, seq: int, hash_: str, files: Sequence[tuple[Path, bytes]] = (),
+                flush_pending_removal: bool = True) -> None:
+        """Write the signed head (with `files`, one group write), then drop the pending marker: the
+        head is durable before the marker's removal can be."""
         key = self.signer_key()
         head = {"seq": seq, "hash": hash_, "run_id": self.run_id}
         head["signature"] = signing.signer(self.root).sign(head_message(self.run_id, seq, hash_))
         assert head["signature"]["public_key"] == key
-        atomic_write_json(self.root / HEAD_NAME, head)
+        atomic_write_many([(self.root / HEAD_NAME, json_bytes(head)), *files])
         pending = self.root / PENDING_NAME
         if pending.exists():
             pending.unlink()
-            fsync_dir(self.root)
+            if flush_pending_removal:
+                fsync_dir(self.root)
 
     def settle(self) -> None:
         """Finish the anchor of an append interrupted after its commit (caller holds the run lock)."""
@@ -416,11 +426,16 @@ def open_log(root: str | Path, url: str | None = None, *, create: bool = False) 
         if url and not _is_postgres(url):
             raise MunkeyError(f"Unsupported audit log URL {url!r}: give a postgresql://user:password@host:port/db "
                               "URL, or none for the run's own SQLite log.")
+    if new:
+        binding = _with_signer(binding, root)
     if binding["backend"] == "sqlite":
         if explicit and _is_postgres(explicit):
             raise MunkeyError(f"This run's audit log is its SQLite file {sqlite_path}; a run's log cannot move to "
                               "PostgreSQL. Leave out --audit-url.")
-        store: Store = SqliteStore(sqlite_path, create=new)
+        if new:  # the empty log built beside its place, then it and the binding in one group write
+            atomic_write_many([(binding_path, json_bytes(binding))], prepared=[(SqliteStore.prepare(sqlite_path),
+                                                                               sqlite_path)])
+        store: Store = SqliteStore(sqlite_path, create=False)
     elif binding["backend"] == "postgresql":
         if not url:
             raise MunkeyError(f"This run's audit log is in PostgreSQL ({binding['location']}); give its URL with "
@@ -431,9 +446,20 @@ def open_log(root: str | Path, url: str | None = None, *, create: bool = False) 
         store = PostgresStore(url, create=new)
     else:
         raise MunkeyError(f"{binding_path} names an unknown backend {binding['backend']!r}; restore it from a backup.")
-    if new:
+    if new and binding["backend"] != "sqlite":
         atomic_write_json(binding_path, binding)
     return AuditLog(store, binding, root)
+
+
+def _with_signer(binding: dict, root: Path) -> dict:
+    """A new log's binding with the key that will sign it from this machine (`signing_keys`, which
+    `AuditLog.signer_key` would otherwise add at the first signature: a second write of the binding);
+    unchanged when the key cannot be had now (the first signature then says why)."""
+    try:
+        key = signing.signer(root).public_key
+    except MunkeyError:
+        return binding
+    return {**binding, "signing_keys": [key]}
 
 
 LINEAGE_KIND = "lineage"  # the first entry of a run derived from another: anchors the parent's log

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import struct
 import threading
@@ -56,7 +57,7 @@ import numpy as np
 
 from munkey_core.errors import MunkeyError
 from munkey_core.bank.rowmap import DeleteResult, bank_fingerprint, rows_in
-from munkey_core.atomic import flush_all, fsync_dir
+from munkey_core.atomic import FolderFlushes, StagedFiles, flush_all, fsync_dir
 
 if TYPE_CHECKING:  # torch and the in-memory bank only where used: a deletion's file steps need neither
     import torch
@@ -291,7 +292,7 @@ class BankStore:
         """The moves of a swap-with-last delete of `ids` and the kept rows' images (nothing written)."""
         self._writable()
         plan = _DeletePlan(StoreDeleteResult())
-        wanted = np.fromiter(dict.fromkeys(int(i) for i in ids), dtype=np.int64)  # (m,) request order
+        wanted = unique_ids(ids)  # (m,) request order
         rows = self._rows_of(wanted)  # (m,) row of each id, -1 when absent
         hit = rows >= 0
         plan.rows, plan.result.deleted = rows[hit].tolist(), wanted[hit].tolist()
@@ -357,7 +358,7 @@ class BankStore:
             for a, b in runs:
                 os.pwrite(self._fd, data[a * width:b * width], base + targets[a] * width)
             if n > n_after:
-                os.pwrite(self._fd, bytes((n - n_after) * width), self._offset(name, n_after))
+                _write_zeros(self._fd, (n - n_after) * width, self._offset(name, n_after))
         self._set_count(n_after)
         if sync:
             self.fsync(self._fd)
@@ -475,15 +476,19 @@ class BankStore:
                               "from a backup.")
 
     def _map(self) -> None:
+        """One read-only shared map of the whole file (through the open descriptor), viewed per field:
+        the views follow every pwrite; no copy is made. (One map instead of a np.memmap per field,
+        each of which opened the file again by its path: ~1 ms per field and store.)"""
         self.count = self._read_count()
         self._mm: dict[str, np.ndarray] = {}
+        whole = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)  # closed when the last view is dropped
         for name in self._fields:
             shape = (self.capacity,) if name in ("ids", "labels") else (self.capacity, self._cols(name))
-            if self.capacity == 0 or self._width(name) == 0:  # nothing to map (mmap refuses 0 bytes)
+            if self.capacity == 0 or self._width(name) == 0:  # nothing to view
                 self._mm[name] = np.zeros(shape, dtype=self._field_dtype(name))
             else:
-                self._mm[name] = np.memmap(self.path, dtype=self._field_dtype(name), mode="r",
-                                           offset=self._offsets[name], shape=shape)
+                self._mm[name] = np.frombuffer(whole, dtype=self._field_dtype(name), count=int(np.prod(shape)),
+                                               offset=self._offsets[name]).reshape(shape)
         self._row_map: dict[int, int] | None = None
 
     def _cols(self, name: str) -> int:
@@ -538,7 +543,8 @@ class _DeletePlan:
     images: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def delete_many(requests: Sequence[tuple[BankStore, Iterable[int]]]) -> list[StoreDeleteResult]:
+def delete_many(requests: Sequence[tuple[BankStore, Iterable[int]]], files: Sequence[tuple[Path, bytes]] = (),
+                after_files: Callable[[], None] | None = None) -> list[StoreDeleteResult]:
     """Delete ids from several stores (the bank and every checkpoint row file) as one group commit,
     with each store's guarantees unchanged: every store's redo record is written, then all of them are
     flushed; only then are the rows moved and zeroed in every store, and all stores flushed; then the
@@ -546,23 +552,71 @@ def delete_many(requests: Sequence[tuple[BankStore, Iterable[int]]]) -> list[Sto
     (a torn or unflushed record is ignored); after it, every store that changed holds a valid record,
     which the next open replays. Per store: the same writes as a delete on its own; flushes: two
     rounds for the whole group instead of two per store one after another. Returns each request's
-    result, in order."""
+    result, in order.
+
+    `files` (path, bytes) are replaced atomically in the same two rounds (a deletion's forgotten.json
+    and purged derived files, forget/request.py): written to temporary files and flushed with the
+    redo records (round 1), renamed before any row moves (then `after_files` runs), their folders
+    flushed with the stores (round 2). Each is old or new after a crash, never a mix, and durable on
+    return, as with atomic.py `atomic_write_many` called before the delete; the folder of a redo file
+    made now (a run's first deletion) is flushed in round 1 too, before any row relies on it."""
     plans = [store._plan(ids) for store, ids in requests]
     busy = [(store, plan) for (store, _), plan in zip(requests, plans) if plan.rows]
-    if busy:
-        # redo files made now (a run's first deletion): each folder's entries flushed once, not once per file
-        for folder in dict.fromkeys(store.path.parent for store, _ in busy if store._open_redo()):
-            fsync_dir(folder)
-        for store, p in busy:
-            store._write_redo(p.n, p.n_after, p.moves, p.images, False)
-        flush_all([(store.fsync, store._redo_fd()) for store, _ in busy])  # every request durable
+    if not busy and not files:
+        return [plan.result for plan in plans]
+    staged = StagedFiles(files)
+    try:
+        # redo files made now (a run's first deletion): each folder's entries flushed once, in round 1
+        made = FolderFlushes([store.path.parent for store, _ in busy if store._open_redo()])
+        try:
+            for store, p in busy:
+                store._write_redo(p.n, p.n_after, p.moves, p.images, False)
+            # round 1: every request durable, every new file's bytes on disk
+            flush_all([(store.fsync, store._redo_fd()) for store, _ in busy] + made.flushes() + staged.flushes())
+        finally:
+            made.close()
+    except BaseException:
+        staged.discard()
+        raise
+    renamed = FolderFlushes(staged.rename())
+    try:
+        if after_files is not None:
+            after_files()
         for store, p in busy:
             store._apply(p.n, p.n_after, p.moves, p.images, False)  # positional: tests stub _apply
-        flush_all([(store.fsync, store._fd) for store, _ in busy])  # the deleted bytes gone from disk
-        for store, p in busy:
-            store._clear_redo()
-            store._done(p)
+        # round 2: the deleted bytes gone from disk, the renames durable
+        flush_all([(store.fsync, store._fd) for store, _ in busy] + renamed.flushes())
+    finally:
+        renamed.close()
+    for store, p in busy:
+        store._clear_redo()
+        store._done(p)
     return [plan.result for plan in plans]
+
+
+_ZEROS: list[bytes] = []  # one zero buffer for every vacated tail (a fresh one per write cost page faults)
+
+
+def _write_zeros(fd: int, nbytes: int, offset: int) -> None:
+    """Overwrite `nbytes` at `offset` with zeros, in writes of at most 4 MiB from one shared buffer."""
+    if not _ZEROS:
+        _ZEROS.append(bytes(4 << 20))
+    zeros = memoryview(_ZEROS[0])
+    while nbytes > 0:
+        step = min(nbytes, len(zeros))
+        os.pwrite(fd, zeros[:step], offset)
+        offset, nbytes = offset + step, nbytes - step
+
+
+def unique_ids(ids: Iterable[int]) -> np.ndarray:
+    """(m,) int64: `ids` without repeats, in the order of their first occurrence; vectorised for a 1-D
+    int64 array (a group delete plans every store with the same ids: converted once by the caller)."""
+    if isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1:
+        order = np.argsort(ids, kind="stable")  # equal ids stay in their order: the first one leads
+        first = np.ones(len(ids), dtype=bool)
+        first[1:] = ids[order[1:]] != ids[order[:-1]]
+        return ids[np.sort(order[first])]
+    return np.fromiter(dict.fromkeys(int(i) for i in ids), dtype=np.int64)
 
 
 def _runs(targets: list[int]) -> list[tuple[int, int]]:

@@ -44,8 +44,7 @@ class _Run:
     apply: Callable[[list[int]], None]
     forgotten: dict = field(default_factory=lambda: {"ids": [], "requests": []})
 
-    def write_forgotten(self, forgotten: dict) -> None:
-        atomic_write_json(self.paths.forgotten, forgotten)
+    def forgotten_written(self, forgotten: dict) -> None:
         self.forgotten = forgotten
 
     def apply_deletion(self, ids: list[int]) -> None:

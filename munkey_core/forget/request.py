@@ -45,13 +45,13 @@ from munkey_core.errors import MunkeyError
 from munkey_core.forget.evidence import ORACLE_NOTE, own_keys, retrieval_evidence, sample_fingerprints
 from munkey_core.eval.metrics import MIA_CHEAP
 from munkey_core.run.paths import RunPaths, is_run, read_forgotten
-from munkey_core.run.copycache import purge_ids as purge_cached_thresholds
+from munkey_core.run.copycache import purged_calibrations as purged_cached_thresholds
 from munkey_core.run.mapcache import purge_ids as purge_cached_maps
 from munkey_core.run.tags import purge_ids as purge_tags
-from munkey_core.run.predstore import purge_ids as purge_stored_predictions
+from munkey_core.run.predstore import purged_tables as purged_stored_predictions
 from munkey_core.run.lock import DELETION_LOCK_NAME, RunLock, crash_point, deletion_in_progress, pause_point
 from munkey_core.run.rows import purge_checkpoint_rows
-from munkey_core.atomic import atomic_write_json, fsync_dir, read_json
+from munkey_core.atomic import atomic_write_json, fsync_dir, json_bytes, read_json
 
 if TYPE_CHECKING:  # the model, the evaluation and the run interface load where a request needs them: one
     # without evaluation runs on a run opened without its model (run/bankonly.py) and loads no torch
@@ -195,9 +195,7 @@ def record_refusal(root: str | Path, *, reason: str, operator: str | None, subje
                     return None
                 body = _refused_body(log, new_request_id(), operator=op, subject=subject, received=now_utc(),
                                      reason=reason, requested_ids=requested_ids, source=source)
-                entry = log.append(body)
-                receipts.issue(root, log, entry)
-                return entry.request_id
+                return receipts.append_with_receipt(root, log, body)[0].request_id
     except MunkeyError:
         return None
 
@@ -232,10 +230,9 @@ def forget(run: LoadedMunkeyRun, ids: Sequence[int], *, operator: str | None = N
                                       f"{run.paths.root}' and restore the log from a backup.")
 
                 def refuse(reason: str, requested: Sequence[int] | None) -> None:
-                    entry = log.append(_refused_body(log, request_id, operator=operator, subject=subject,
-                                                     received=received, reason=reason, requested_ids=requested,
-                                                     source=source))
-                    receipts.issue(run.paths.root, log, entry)
+                    receipts.append_with_receipt(run.paths.root, log, _refused_body(
+                        log, request_id, operator=operator, subject=subject, received=received, reason=reason,
+                        requested_ids=requested, source=source))
                     raise RefusedRequest(f"{reason} Nothing was deleted; the refused request {request_id} is "
                                          "recorded in the audit log.", request_id)
 
@@ -300,9 +297,23 @@ def forget_without_model(path: str | Path, ids: Sequence[int] | None, *, audit_u
                 return None
         if ids is None:
             ids = random_ids(run.bank.ids, fraction, seed)
+        elif _names_ids_outside(run, ids):  # their keys come from the key cache (evidence.own_keys): read now
+            try:
+                run.split_keys("train")
+            except MunkeyError:  # as open_bank_only: the full run reads them
+                return None
         return forget(run, ids, evaluate=False, **options)
     except NeedsModel:  # raised before anything is committed (what it reads was read at open)
         return None
+
+
+def _names_ids_outside(run: LoadedMunkeyRun, ids: Sequence[int]) -> bool:
+    """True when some id is not in the bank (deleted earlier, or unknown); False for malformed ids too,
+    which the request refuses before it reads any key."""
+    try:
+        return any(int(i) not in run.bank for i in ids)
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def _unfinished(request_id: str, exc: BaseException) -> UnfinishedRequest:
@@ -346,32 +357,45 @@ def _prepare(run: LoadedMunkeyRun, log: AuditLog, request_id: str, ids: list[int
 
 
 def apply_journal(run: DeletionTarget, journal: dict) -> None:
-    """Make the run's files say what the journal says (each step idempotent)."""
+    """Make the run's files say what the journal says (each step idempotent).
+
+    One group commit (run/rows.py `purge_checkpoint_rows`, bank/store.py `delete_many`) changes
+    forgotten.json, the derived files that name a deleted id (the stored predictions, run/predstore.py,
+    planned before the bank file changes: they are stamped with the bank after it; the copy-detection
+    calibrations, run/copycache.py), every checkpoint's row file and the bank file: two rounds of
+    concurrent flushes for all of them, each file old or new after a crash and every one durable on
+    return; the journal, durable before this runs, finishes them after any crash."""
     todo = [int(i) for i in journal["ids"]]
+    requested = [int(i) for i in journal.get("requested", todo)]  # a checkpoint row restored after an
+    # earlier deletion goes too
     fg = read_forgotten(run.paths)
     have = set(int(i) for i in fg["ids"])
     new = [i for i in todo if i not in have]
+    files: list[tuple[Path, bytes]] = []
     if new:
         fg = {"ids": [int(i) for i in fg["ids"]] + new,
               "requests": fg.get("requests", []) + [{"time": journal["received"], "ids": todo,
                                                      "request_id": journal["request_id"]}]}
-        run.write_forgotten(fg)
-    crash_point("forgotten")
-    # derived data, before the bank file changes (run/predstore.py: it stamps what it keeps with the bank after)
-    purge_stored_predictions(run.paths.root, [int(i) for i in journal.get("requested", todo)])
-    # every id the request names: a checkpoint row restored after an earlier deletion goes too. The bank
-    # file joins the checkpoints' row files in one group commit (run/rows.py); apply_deletion then
-    # finds it done and updates the bank in memory
-    purge_checkpoint_rows(run.paths.checkpoints, [int(i) for i in journal.get("requested", todo)],
-                          on_file=lambda _: crash_point("checkpoint"), bank=run.paths.bank)
+        files.append((run.paths.forgotten, json_bytes(fg)))
+    # derived data, planned before the bank file changes (run/predstore.py: it stamps what it keeps with
+    # the bank after)
+    files += purged_stored_predictions(run.paths.root, requested)[0]
+    files += purged_cached_thresholds(run.paths.root, requested)[0]
+
+    def after_files() -> None:  # every file above replaced, no row moved yet
+        if new:
+            run.forgotten_written(fg)
+        crash_point("forgotten")
+
+    purge_checkpoint_rows(run.paths.checkpoints, requested, on_file=lambda _: crash_point("checkpoint"),
+                          bank=run.paths.bank, replace=files, after_files=after_files)
     crash_point("checkpoints")
     present = [i for i in todo if i in run.bank]
-    if present:
+    if present:  # the bank file is done: the bank in memory follows it
         run.apply_deletion(present)
     crash_point("bank")
-    purge_cached_maps(run.paths.root, [int(i) for i in journal.get("requested", todo)])  # derived data: run/mapcache.py
-    purge_tags(run.paths.root, [int(i) for i in journal.get("requested", todo)])  # data about the samples: run/tags.py
-    purge_cached_thresholds(run.paths.root, [int(i) for i in journal.get("requested", todo)])  # run/copycache.py
+    purge_cached_maps(run.paths.root, requested)  # derived data: run/mapcache.py
+    purge_tags(run.paths.root, requested)  # data about the samples: run/tags.py
 
 
 def finish(run: LoadedMunkeyRun, log: AuditLog, journal: dict, *, keys=None, recovered: bool = False,
@@ -441,11 +465,14 @@ def _record(run: LoadedMunkeyRun, log: AuditLog, journal: dict, m: dict, *, seco
         "software": f"munkey-core {__version__}", "signer": log.signer_key(),
     })
     body.update({"requested_ids": requested, "samples": journal["samples"]})  # plain already (the journal's)
-    entry = log.find(rid) or log.append(body)
-    js, page = receipts.issue(run.paths.root, log, entry)
+    entry = log.find(rid)
+    if entry is None:  # the entry, then its anchor and receipt in one group write
+        entry, js, page = receipts.append_with_receipt(run.paths.root, log, body, flush_pending_removal=False)
+    else:  # recorded before an interruption: the receipt again
+        js, page = receipts.issue(run.paths.root, log, entry)
     crash_point("receipt")
     (run.paths.root / JOURNAL_NAME).unlink(missing_ok=True)
-    fsync_dir(run.paths.root)
+    fsync_dir(run.paths.root)  # the journal's removal, and audit_pending.json's (log.append), durable
     progress("done", 1.0)
     return ForgetResult(todo, [int(i) for i in journal["already_deleted"]], len(run.bank), seconds, rid, str(js),
                         str(page), entry.seq, entry.entry_hash, entry.body)

@@ -33,7 +33,6 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from munkey_core.atomic import atomic_write_json
 from munkey_core.bank.rowmap import bank_fingerprint, rows_in
 from munkey_core.config import SearchConfig, TrainConfig, from_dict
 from munkey_core.data import datasets as data_mod
@@ -121,6 +120,7 @@ class BankOnlyRun:
         self.runlock = RunLock(self.paths.root)
         self._dataset: data_mod.Dataset | None = None
         self._model_fp: str | None = None
+        self._split_keys: dict[str, np.ndarray] = {}
         with self.runlock.hold(exclusive=False):
             self.reload()
 
@@ -143,8 +143,7 @@ class BankOnlyRun:
         if self._disk_stamp() != self._stamp:
             self.reload()
 
-    def write_forgotten(self, forgotten: dict) -> None:
-        atomic_write_json(self.paths.forgotten, forgotten)
+    def forgotten_written(self, forgotten: dict) -> None:
         self.forgotten = forgotten
         self._stamp = self._disk_stamp()
 
@@ -182,11 +181,16 @@ class BankOnlyRun:
         return self._dataset
 
     def split_keys(self, split: str) -> np.ndarray:
-        s = self.dataset.split(split)
-        keys = read_cached_keys(_ConfigEncoder(self.config), s.images, s.ids, dataset=self.dataset.name, split=split)
-        if keys is None:
-            raise NeedsModel(f"The {split} keys are not in the key cache: the key encoder computes them.")
-        return keys
+        """(N, Dk) keys of a split, read from the key cache once per run object (the open and the
+        evidence read the test keys: one read)."""
+        if split not in self._split_keys:
+            s = self.dataset.split(split)
+            keys = read_cached_keys(_ConfigEncoder(self.config), s.images, s.ids, dataset=self.dataset.name,
+                                    split=split)
+            if keys is None:
+                raise NeedsModel(f"The {split} keys are not in the key cache: the key encoder computes them.")
+            self._split_keys[split] = keys
+        return self._split_keys[split]
 
     def search(self, queries: np.ndarray, k: int) -> _Hits:
         with self.lock:
@@ -205,10 +209,10 @@ def open_bank_only(path: str | Path, audit_url: str | None = None, search: str |
     run = BankOnlyRun(path, audit_url=audit_url)
     if not (cfg.mode == "exact" or (cfg.mode == "auto" and len(run.bank) < cfg.exact_below)):
         return None  # an IVF search: the full run builds and follows the index
-    try:  # what the request reads, read now: it never finds it missing after its commit point
+    try:  # what the request reads, read now: it never finds it missing after its commit point (the train
+        # keys, read only for ids no longer in the bank: forget/request.py `forget_without_model`)
         _ = run.model_fingerprint
         run.split_keys("test")
-        run.split_keys("train")
     except MunkeyError:
         return None
     return run

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
-from munkey_core.atomic import atomic_write_json
+from munkey_core.atomic import atomic_write_json, atomic_write_many, json_bytes
 from munkey_core.errors import MunkeyError
 from munkey_core.run.lock import RunLock
 from munkey_core.run.paths import RunPaths, read_forgotten
@@ -96,27 +96,36 @@ def purge_ids(root: str | Path, ids: Iterable[int]) -> int:
     """Drop from every cached calibration the records that name a deleted id, with its thresholds (the
     next `copy_index` searches those queries again), and remove any unreadable file. The caller holds
     the run's exclusive lock (a deletion). Returns the number of files changed or removed."""
+    writes, removed = purged_calibrations(root, ids)
+    atomic_write_many(writes)
+    return removed + len(writes)
+
+
+def purged_calibrations(root: str | Path, ids: Iterable[int]) -> tuple[list[tuple[Path, bytes]], int]:
+    """`purge_ids` up to its writes: the (path, bytes) of every calibration file to replace, for the
+    caller to write atomically (the deletion joins them to its group commit: forget/request.py
+    `apply_journal`), and the number of files removed now (unreadable ones, temporary files of a
+    killed writer)."""
     directory = Path(root) / CACHE_DIR
     if not directory.is_dir():
-        return 0
+        return [], 0
+    for tmp in directory.glob(".thresholds-*.tmp"):  # a temp file left by a writer that was killed
+        tmp.unlink(missing_ok=True)
     gone = {int(i) for i in ids}
-    changed = 0
+    removed, writes = 0, []
     for path in sorted(directory.glob("thresholds-*.json")):
         key = path.name[len("thresholds-"):-len(".json")]
         cal = read_calibration(root, key)
         if cal is None:
             path.unlink(missing_ok=True)
-            changed += 1
+            removed += 1
             continue
         kept = [r for r in cal["records"] if r[3] is None or int(r[3]) not in gone]
         if len(kept) == len(cal["records"]) and not gone & {int(i) for i in cal.get("set_by", [])}:
             continue
         rest = {k: cal[k] for k in ("n_images", "queries") if k in cal}  # the thresholds and figures go
-        atomic_write_json(path, {"format": FORMAT, "key": key, "calibration": dict(rest, records=kept)})
-        changed += 1
-    for tmp in directory.glob(".thresholds-*.tmp"):  # a temp file left by a writer that was killed
-        tmp.unlink(missing_ok=True)
-    return changed
+        writes.append((path, json_bytes({"format": FORMAT, "key": key, "calibration": dict(rest, records=kept)})))
+    return writes, removed
 
 
 # --------------------------------------------------------------------------- the run's copy index

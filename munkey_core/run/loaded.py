@@ -7,7 +7,7 @@
 - `LoadedMunkeyRun`: a MUNKEY run: also its memory bank, the forgotten ids, two locks (`lock`, a
   thread lock, so a page and a background job never interleave a deletion with a search;
   `runlock`, the run directory's file lock, so processes never do), `reload_if_changed`,
-  `write_forgotten` and `apply_deletion` (the two steps of a deletion that change this object),
+  `forgotten_written` and `apply_deletion` (the two steps of a deletion that change this object),
   `search` (top-k of the current bank, under the lock: callers never take it themselves) and
   prediction with evidence; both go through `searcher` (bank/search.py: exact, or an IVF index
   for a bank of `SearchConfig.exact_below` rows or more, or as the `search` option says). Opening one migrates a format-1 run first (run/rows.py). It does not
@@ -153,8 +153,8 @@ class DeletionTarget(Protocol):
     paths: RunPaths
     bank: Container[int]  # the ids still in the bank
 
-    def write_forgotten(self, forgotten: dict) -> None:
-        """Make forgotten.json (and this object) say `forgotten`, atomically."""
+    def forgotten_written(self, forgotten: dict) -> None:
+        """forgotten.json now says `forgotten` (the deletion's group commit replaced it): so does this object."""
 
     def apply_deletion(self, ids: Sequence[int]) -> None:
         """Remove `ids` (all present) from the bank file and the bank in memory, durably."""
@@ -225,9 +225,9 @@ class LoadedMunkeyRun(LoadedRun):
         if self._disk_stamp() != self._stamp:
             self.reload()
 
-    def write_forgotten(self, forgotten: dict) -> None:
-        """forgotten.json := `forgotten` ({'ids': [...], 'requests': [...]}), atomically, and in memory."""
-        atomic_write_json(self.paths.forgotten, forgotten)
+    def forgotten_written(self, forgotten: dict) -> None:
+        """forgotten.json was replaced by `forgotten` ({'ids': [...], 'requests': [...]}, the deletion's
+        group commit, forget/request.py `apply_journal`): the run in memory follows it."""
         self.forgotten = forgotten
         self._stamp = self._disk_stamp()
 

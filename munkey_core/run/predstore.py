@@ -17,9 +17,9 @@ process's deletion not yet seen).
 Why it is safe to keep (derived data, recomputable at any time): it never holds a deleted sample's
 prediction nor a prediction whose neighbours include a deleted id. `save_table` leaves out the rows of
 forgotten samples and writes only under the run's shared lock after checking that the bank file is the
-bank the table was computed with; `purge_ids` (called by the deletion protocol while it applies a
-request, under the run's exclusive lock, before the bank file changes, idempotent: forget/request.py
-`apply_journal`) removes the rows of the deleted samples and every row that retrieved one, and re-stamps
+bank the table was computed with; `purge_ids` (the deletion protocol plans the same
+writes with `purged_tables` while it applies a request, under the run's exclusive lock, before the bank
+file changes, idempotent, and joins them to its group commit: forget/request.py `apply_journal`) removes the rows of the deleted samples and every row that retrieved one, and re-stamps
 the file with the bank after the deletion, so the rows it keeps are served to the next process. A damaged or foreign file counts as
 absent (and the next purge removes it).
 Users: run/loaded.py `LoadedMunkeyRun.predict_rows`. Tests: tests/run/test_predstore.py.
@@ -124,18 +124,29 @@ def purge_ids(root: str | Path, ids: Iterable[int]) -> int:
     (the caller holds the run's exclusive lock: a deletion, which calls this before it changes the bank
     file). A table made with another bank than the file's (before or after the deletion) is stale and
     removed, as is an unreadable file. Idempotent. Returns the number of files changed."""
+    writes, removed = purged_tables(root, ids)
+    atomic_write_many(writes)  # one group write: each table replaced atomically, all durable on return
+    return removed + len(writes)
+
+
+def purged_tables(root: str | Path, ids: Iterable[int]) -> tuple[list[tuple[Path, bytes]], int]:
+    """`purge_ids` up to its writes: the (path, bytes) of every table to replace, for the caller to write
+    atomically (the deletion joins them to its group commit: forget/request.py `apply_journal`), and the
+    number of files removed now (stale or unreadable tables, temporary files of a killed writer)."""
     directory = cache_dir(root)
     if not directory.is_dir():
-        return 0
+        return [], 0
+    for tmp in directory.glob(".preds-*.tmp"):  # a temp file left by a writer that was killed
+        tmp.unlink(missing_ok=True)
     ids_arr = np.asarray(sorted({int(i) for i in ids}), dtype=np.int64)
     on_disk = rows.bank_ids(Path(root))
     now, after = bank_digest(on_disk), bank_digest(on_disk[~np.isin(on_disk, ids_arr)])  # ids unique (the store)
-    changed, writes = 0, []
+    removed, writes = 0, []
     for path in sorted(directory.glob("preds-*.npz")):
         got = _read(path)
         if got is None or got[0].get("bank") not in (now, after):
             path.unlink(missing_ok=True)
-            changed += 1
+            removed += 1
             continue
         meta, a = got
         hit = np.isin(a["ids"], ids_arr) | np.isin(a["neighbours"], ids_arr).any(axis=1)
@@ -143,9 +154,4 @@ def purge_ids(root: str | Path, ids: Iterable[int]) -> int:
             continue
         kept = {k: v[~hit] for k, v in a.items()}
         writes.append((path, _encode(dict(meta, bank=after), kept)))
-        changed += 1
-    # one group write: each table replaced atomically, all durable on return (the folder flushed once)
-    atomic_write_many(writes)
-    for tmp in directory.glob(".preds-*.tmp"):  # a temp file left by a writer that was killed
-        tmp.unlink(missing_ok=True)
-    return changed
+    return writes, removed

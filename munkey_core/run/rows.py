@@ -34,11 +34,11 @@ import contextlib
 import errno
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
-from munkey_core.bank.store import BankStore, delete_many
+from munkey_core.bank.store import BankStore, delete_many, unique_ids
 from munkey_core.errors import MunkeyError
 from munkey_core.run.paths import RunPaths, load_state_dict
 from munkey_core.run.lock import crash_point
@@ -228,12 +228,14 @@ def delete_bank_rows(path: Path, ids: Iterable[int]) -> list[int]:
 
 
 def purge_checkpoint_rows(directory: Path, ids: Iterable[int], on_file: Callable[[Path], None] | None = None,
-                          bank: Path | None = None) -> int:
+                          bank: Path | None = None, replace: Sequence[tuple[Path, bytes]] = (),
+                          after_files: Callable[[], None] | None = None) -> int:
     """Remove the rows of `ids` from every checkpoint (and from the bank store `bank`, when given);
     returns the files changed. Idempotent.
 
     The row files (and the bank) delete in place as one group commit (bank/store.py `delete_many`:
-    O(#ids) bytes, every file durable on return, two rounds of flushes for all of them); a format-1
+    O(#ids) bytes, every file durable on return, two rounds of flushes for all of them), which also
+    replaces the (path, bytes) of `replace` atomically (then calls `after_files`, before any row moves); a format-1
     checkpoint (rows inside the .pt, no row file) is rewritten without them. `on_file` is called
     after each change."""
     drop = [int(i) for i in ids]
@@ -259,7 +261,8 @@ def purge_checkpoint_rows(directory: Path, ids: Iterable[int], on_file: Callable
     files = row_files(directory) + ([Path(bank)] if bank is not None and Path(bank).exists() else [])
     with contextlib.ExitStack() as stack:
         stores = [stack.enter_context(BankStore(f)) for f in files]
-        results = delete_many([(store, drop) for store in stores])
+        wanted = unique_ids(np.asarray(drop, dtype=np.int64))  # (m,) converted once for every store
+        results = delete_many([(store, wanted) for store in stores], replace, after_files)
     for f, res in zip(files, results):
         if res.deleted:
             changed += 1

@@ -84,6 +84,32 @@ def test_an_untouched_chain_verifies_and_links(tmp_path: Path) -> None:
     con.close()
 
 
+def test_a_new_log_is_made_whole_beside_its_place_with_its_binding(tmp_path: Path) -> None:
+    """open_log builds the empty SQLite log in a temporary file and renames it in with the binding (one
+    group write): owner-only, the append-only schema, the signing key named in the binding, no temporary
+    file left; appends and the chain work as on a log made in place."""
+    import stat
+
+    from munkey_core.audit import signing
+
+    log = audit.open_log(tmp_path, create=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit.json", "audit.sqlite"]
+    assert stat.S_IMODE((tmp_path / "audit.sqlite").stat().st_mode) == 0o600
+    binding = json.loads((tmp_path / "audit.json").read_text())
+    assert binding["signing_keys"] == [signing.signer(tmp_path).public_key]
+    log.append({"kind": "deletion", "request_id": "r1", "run_id": log.run_id, "samples": []})
+    log.close()
+    assert json.loads((tmp_path / "audit.json").read_text()) == binding  # the first signature rewrote nothing
+    con = sqlite3.connect(tmp_path / "audit.sqlite", isolation_level=None)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # no WAL: one file
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        con.execute("DELETE FROM audit_log")
+    con.close()
+    again = audit.open_log(tmp_path)
+    assert again.verify().ok and [e.request_id for e in again.entries()] == ["r1"]
+    again.close()
+
+
 def _tamper(case: str, log: audit.AuditLog) -> list[str]:
     es = {e.seq: e for e in log.entries()}
     rid = log.run_id

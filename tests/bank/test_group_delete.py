@@ -126,3 +126,41 @@ def test_a_failed_flush_is_raised_after_every_flush_and_before_any_row_moves(tmp
         s.close()
     for a, b in zip(group, untouched):
         assert a.read_bytes() == b.read_bytes()  # the rows never moved: the error came before the apply round
+
+
+def test_ids_given_as_one_array_plan_the_same_deletes_as_a_list(tmp_path: Path) -> None:
+    """run/rows.py converts a request's ids once (bank/store.py `unique_ids`) for every store."""
+    from munkey_core.bank.store import unique_ids
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):  # repeats kept in their first-occurrence order, as dict.fromkeys keeps them
+        ids = rng.integers(90, 150, size=int(rng.integers(0, 40))).astype(np.int64)
+        assert unique_ids(ids).tolist() == list(dict.fromkeys(ids.tolist()))
+    as_list, as_array = _three(tmp_path / "list"), _three(tmp_path / "array")
+    request = [139, 100, 117, 139, 5, 120, 100]
+    for a, b in zip(as_list, as_array):
+        with BankStore(a) as s:
+            one = s.delete(request)
+        with BankStore(b) as s:
+            other = s.delete(np.asarray(request, dtype=np.int64))
+        assert (one.deleted, one.absent, one.moves) == (other.deleted, other.absent, other.moves)
+        assert a.read_bytes() == b.read_bytes()
+
+
+def test_a_group_delete_replaces_its_files_before_any_row_moves(tmp_path: Path) -> None:
+    """`files` join the group: renamed (then `after_files` runs) before the rows move, durable on return."""
+    paths = _three(tmp_path / "g")
+    (tmp_path / "g" / "forgotten.json").write_bytes(b"old")
+    seen = []
+    stores = [BankStore(p) for p in paths]
+    delete_many(list(zip(stores, REQUESTS)), files=[(tmp_path / "g" / "forgotten.json", b"new"),
+                                                     (tmp_path / "g" / "sub" / "x.json", b"x")],
+                after_files=lambda: seen.append(((tmp_path / "g" / "forgotten.json").read_bytes(),
+                                                 100 in BankStore(paths[0], readonly=True).ids)))
+    for s in stores:
+        s.close()
+    assert seen == [(b"new", True)]  # the file new, the rows not moved yet
+    assert (tmp_path / "g" / "sub" / "x.json").read_bytes() == b"x"
+    assert not [p for p in (tmp_path / "g").rglob("*.tmp")]
+    with BankStore(paths[0]) as s:
+        assert 100 not in s.ids
