@@ -341,9 +341,9 @@ def _small_int_csv(raw: bytes, columns: int) -> np.ndarray | None:
     start = np.flatnonzero(digit & ~before)  # (tokens,) first digit of each number
     if len(start) == 0:
         return None
-    line = np.cumsum(newline)  # (n,) line of each byte
-    numbers = np.bincount(line[start], minlength=int(line[-1]) + 1)  # per line
-    commas = np.bincount(line[b == ord(",")], minlength=len(numbers))
+    ends = np.flatnonzero(newline)  # (lines,) offset of each new line: a byte's line is how many come before it
+    numbers = np.bincount(np.searchsorted(ends, start), minlength=len(ends) + 1)  # per line
+    commas = np.bincount(np.searchsorted(ends, np.flatnonzero(b == ord(","))), minlength=len(numbers))
     used = numbers > 0  # blank lines are skipped, as np.loadtxt skips them
     if not ((numbers[used] == columns).all() and (commas[used] == columns - 1).all() and (commas[~used] == 0).all()):
         return None  # a line with another number of fields, or an empty field
