@@ -510,7 +510,7 @@ def _free_dir(base: Path) -> Path:
 
 
 def cmd_unact(args: argparse.Namespace) -> int:
-    from munkey_core.unlearn.classforget import ClassEditor, guard_limits
+    from munkey_core.unlearn.classforget import ClassEditor, guard_limits, request_left
     from munkey_core.data.images import read_image_dir
     import dataclasses
 
@@ -542,8 +542,10 @@ def cmd_unact(args: argparse.Namespace) -> int:
             f"{req.after.Ar:.2f}   Delta " + (f"{req.delta:.2f} (oracle Af {req.oracle.Af:.2f}, Ar {req.oracle.Ar:.2f})"
                                                if req.oracle else "- (no class oracle: add --train-oracle)"))
     if req.details.get("stop_reason") == "retain guard":
-        text += (f"\n  stopped by the retain guard: one more round would have cost the kept classes on their probe "
-                 f"more than {guard_limits(req.details)}; the class is only partly removed")
+        text += (f"\n  stopped by the retain guard after {req.details.get('rounds', 0)} round(s): one more would have cost "
+                 f"the kept classes on their probe more than {guard_limits(req.details)}, so it was undone. The request's "
+                 f"images on the result: {request_left(req)}. Test Af {req.after.Af:.2f} %: "
+                 "removing more from this model would cost the classes you keep")
     text += f"\nsaved as a new run: {out} (the original is untouched)" if out else "\nnot saved (--no-save)"
     _emit(row, args.json, text)
     return 0

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from munkey_core.unlearn.classforget import ClassEditor, guard_limits
+from munkey_core.unlearn.classforget import ClassEditor, guard_limits, request_left
 from munkey_core.dashboard.classforget_job import ClassUnlearnJob, warm_up
 from munkey_core.run.loaded import classifier_runs_in
 from munkey_core.training.classifier import RESNET_PROFILES, train_classifier_run
@@ -197,8 +197,9 @@ v = verdict("Af", req.after.Af, af_target, n=n_cls,
 if req.details.get("stop_reason") == "retain guard":
     st.warning(f"The retain guard stopped this request after {req.details.get('rounds', 0)} rounds: the next round "
                "would have lowered the kept classes' accuracy on their probe (10 bank exemplars per kept class) by more "
-               f"than {guard_limits(req.details)}, so it was undone. The class is only partly removed; "
-               "removing more from this model would cost the classes you keep.", icon=":material/shield:")
+               f"than {guard_limits(req.details)}, so it was undone. The request's images on the result: "
+               f"{request_left(req)}. Whether the class is gone from the test split is the "
+               "verdict above; removing more from this model would cost the classes you keep.", icon=":material/shield:")
 st.caption(f"The whole request took {job.elapsed:.1f} s (edit {req.seconds:.2f} s; the rest is measuring accuracy before "
            "and after" + (" and the comparisons)." if job.rows and len(job.rows) > 1 else ")."))
 st.plotly_chart(_curve_figure(job.curve, job.cfg.k), key="curve_final")

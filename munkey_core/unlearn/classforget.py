@@ -49,7 +49,7 @@ from munkey_core.model.predict import neighbour_weights
 from munkey_core.training.runs import retrain
 from munkey_core.unlearn.forwardcache import ForwardCache, prefix_ensemble_forward
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, importance, reference_order, ssd_forget
-from munkey_core.unlearn.unact import (DEFAULTS, RetainProbe, RoundInfo, UnActConfig, munkey_ensemble_forward,
+from munkey_core.unlearn.unact import (DEFAULTS, RetainProbe, RoundInfo, UnActConfig, forgotten_below, munkey_ensemble_forward,
                                        scope_for, unact, vit_blocks)
 
 METHODS = ("unact", "ssd", "lfssd", "keys", "keys+unact", "mask")
@@ -463,6 +463,10 @@ class ClassEditor:
             if res.config.guard is not None:  # the retain guard: the kept classes' probe before and after
                 details.update(guard=res.config.guard, class_guard=res.config.class_guard, probe_before=res.probe_start,
                                probe_after=next((r.probe_accuracy for r in reversed(res.rounds)), res.probe_start))
+            if res.left_predicted is not None:  # the request's own images when a stop rule ended it
+                details.update(left_class=res.pseudo_label, left_predicted=res.left_predicted, left_mean_prob=res.left_mean_prob,
+                               left_max_prob=res.left_max_prob, chance=1.0 / len(res.mean_logits),
+                               tail=res.config.tail, forgotten_below=forgotten_below(res.config, res.n_images))
             if self.arch == "resnet18":
                 details["score"] = res.config.score
         cls = pseudo if cls is None else int(cls)
@@ -550,6 +554,26 @@ def guard_limits(details: dict) -> str:
     one kept class more than 10"), for the messages of the CLI and the Class unlearning page."""
     text = f"{details.get('guard', 0):g} points"
     return text if details.get("class_guard") is None else f"{text}, or one kept class more than {details['class_guard']:g}"
+
+
+def request_left(request: ClassRequest) -> str:
+    """What the request's own images showed when a stop rule ended it early, against what the
+    "forgotten" stop asks ("3 of 35 image(s) still predicted as the class (the stop asks for none); the
+    class's mean probability over them 4.1 % (below 8.2 %), largest 27.0 % (below 20.0 %)"), or "" when
+    the request ran all its rounds. It says what was measured; whether the class is gone from the test
+    split is Af's verdict."""
+    details, n_images = request.details, request.n_images
+    if details.get("left_predicted") is None:
+        return ""
+    chance, target = float(details["chance"]), int(details["left_class"])
+    still = int(round(float(details["left_predicted"]) * n_images))
+    which = "the class" if target == request.cls else f"class {target} (the images' pseudo-label)"
+    text = (f"{still} of {n_images} image(s) still predicted as {which} (the stop asks for none); its mean "
+            f"probability over them {100 * details['left_mean_prob']:.1f} % (below "
+            f"{100 * details['forgotten_below'] * chance:.1f} %)")
+    tail = details.get("tail")
+    return text + ("" if tail is None else
+                   f", largest {100 * details['left_max_prob']:.1f} % (below {100 * float(tail) * chance:.1f} %)")
 
 
 def mask_logit(model: torch.nn.Module, cls: int) -> torch.nn.Module:

@@ -168,6 +168,11 @@ class UnActResult:
     probe_class_start: dict[int, float] = field(default_factory=dict)  # each kept class's probe accuracy (%), then
     undone: list[int] = field(default_factory=list)  # units of the round the guard undid last
     backed_off: int | None = None  # the round whose edit the guard undid first, when `backoff` took over
+    # the request's images on the final model, scored when a stop rule ends the request early ("forgotten",
+    # "retain guard"): the fraction still predicted as c, and c's mean and largest probability over them
+    left_predicted: float | None = None
+    left_mean_prob: float | None = None
+    left_max_prob: float | None = None
 
 
 class UnitScope(Protocol):
@@ -471,10 +476,12 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
             if r > 1:
                 _, base_mean, probs = _mean_stats(scope, images)  # re-score the edited model
             still = float(np.mean(probs.argmax(axis=1) == target))
+            left = (still, float(probs[:, target].mean()), float(probs[:, target].max()))  # the model as it stands
             if (r > 1 and cfg.stop == "forgotten" and still == 0.0
                     and probs[:, target].mean() < forgotten_below(cfg, len(images)) / probs.shape[1]
                     and (cfg.tail is None or probs[:, target].max() < float(cfg.tail) / probs.shape[1])):
                 result.stopped_early, result.stop_reason = True, "forgotten"
+                result.left_predicted, result.left_mean_prob, result.left_max_prob = left
                 break
             scores = _scores(scope, base_mean, target)
             units = select_grouped(scores, p, scope.groups)
@@ -506,6 +513,7 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
                         continue
                     result.undone = [int(u) for u in units]
                     result.stopped_early, result.stop_reason = True, "retain guard"
+                    result.left_predicted, result.left_mean_prob, result.left_max_prob = left  # the undone round's start
                     break
             info = RoundInfo(len(result.rounds) + 1, [int(u) for u in units], float(scores[units].max()),
                              time.perf_counter() - tr, still, spared, accuracy, drop)

@@ -109,8 +109,8 @@ def test_corrupt_upload_shows_an_error(tiny_run: Path, monkeypatch: pytest.Monke
 
 def test_the_retain_guard_message(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every image of class 0 on the tiny run: the retain guard stops the request (the next round would
-    cost the kept classes more than 2 points on their probe) and the page says the class is only
-    partly removed."""
+    cost the kept classes more than 2 points on their probe), and the page says what the request's own
+    images still show against the stop rule, leaving whether the class is gone to Af's verdict."""
     at = _open(monkeypatch, tiny_run)
     at.selectbox(key="class_pick").set_value(0)
     at.number_input(key="class_n").set_value(0)
@@ -121,4 +121,8 @@ def test_the_retain_guard_message(tiny_run: Path, monkeypatch: pytest.MonkeyPatc
     assert job.state == "done" and job.request.details["stop_reason"] == "retain guard"
     assert job.request.details["probe_after"] >= job.request.details["probe_before"] - 2.0
     shown = [w.value for w in at.warning]
-    assert any("retain guard stopped this request" in w and "only partly removed" in w for w in shown), shown
+    d, n = job.request.details, job.request.n_images
+    said = next(w for w in shown if "retain guard stopped this request" in w)
+    assert f"{round(d['left_predicted'] * n)} of {n} image(s) still predicted as " in said, said
+    assert f"largest {100 * d['left_max_prob']:.1f} % (below {100 * 2 / 10:.1f} %)" in said, said  # tail 2 x chance
+    assert "partly removed" not in said and "verdict above" in said

@@ -150,6 +150,22 @@ def test_munkey_class_key_deletion_and_unact(tiny_run: Path, capsys) -> None:
     assert row["stop"] == "forgotten" and row["p"] == 90.0  # the MUNKEY working point
 
 
+def test_munkey_guard_stop_says_what_it_measured(tiny_run: Path, capsys) -> None:
+    """Every image of class 0 on the tiny run: the retain guard stops the request. The CLI says what the
+    request's own images still show against the stop rule (the numbers of the request's details) and the
+    test split's Af, and asserts nothing it did not measure ("partly removed")."""
+    code, text, err = run_cli(capsys, "unact", str(tiny_run), "--class", "0", "--n", "0", "--method", "keys+unact",
+                              "--no-save")
+    assert code == 0, err
+    assert "stopped by the retain guard after" in text and "partly removed" not in text
+    ed = ClassEditor(tiny_run, device="cpu")
+    n = len(ed.class_images(0))
+    line = next(x for x in text.splitlines() if "stopped by the retain guard" in x)
+    assert f" of {n} image(s) still predicted as " in line and "(below 20.0 %)" in line  # the tail: 2 x chance
+    af = float(text.split("Af ")[1].split(" -> ")[1].split()[0])
+    assert f"Test Af {af:.2f} %" in line
+
+
 def test_mask_suppresses_the_output_and_changes_nothing_else(tiny_run: Path, tiny_classifier_runs) -> None:
     for path in (tiny_run, tiny_classifier_runs["resnet18"]):
         ed = ClassEditor(path, device="cpu")

@@ -39,6 +39,16 @@ def _probe_scores(ed: ClassEditor, model: torch.nn.Module, bank, ids: np.ndarray
     return float(100.0 * np.mean(hit)), {int(c): float(100.0 * np.mean(hit[lab == c])) for c in np.unique(lab)}
 
 
+def _request_probs(ed: ClassEditor, model: torch.nn.Module, bank, imgs: np.ndarray) -> torch.Tensor:
+    """The request images' class probabilities (n, classes) as inference gives them, written out
+    independently: each image's K nearest keys in `bank`, one plain forward per neighbour, weighted."""
+    sims, found = bank.search(torch.as_tensor(ed.request_keys(imgs)), ed.run.train_cfg.k)
+    w = neighbour_weights(sims.float(), ed.run.train_cfg.tau, "ensemble")  # (n, K)
+    x = ed.to_input(imgs)
+    with torch.no_grad():
+        return sum(w[:, j, None] * torch.softmax(model(x, bank.values[found[:, j]]), dim=1) for j in range(w.shape[1]))
+
+
 def _sequence(ed: ClassEditor, cfg: UnActConfig, classes: list[int]) -> list[tuple[float, float, str]]:
     """keys+unact for `classes` one after another on one model and bank: (Ar, original's Ar on the same
     kept classes, stop reason) after each request."""
@@ -89,6 +99,11 @@ def test_guard_undoes_the_round_that_would_cost_the_kept_classes(tiny_run) -> No
         scope.dampen(torch.as_tensor(res.undone), cfg.gamma)
     breached, breached_cls = _probe_scores(ed, model, bank, probe_ids)
     assert breached < start - cfg.guard or any(start_cls[c] - breached_cls[c] > cfg.class_guard for c in start_cls)
+    # what the stop reports about the request's own images is the model it returned (the undone round's start)
+    probs = _request_probs(ed, same, bank, imgs)
+    assert res.left_predicted == pytest.approx(float((probs.argmax(1) == 0).float().mean()))
+    assert res.left_mean_prob == pytest.approx(float(probs[:, 0].mean()), abs=1e-5)
+    assert res.left_max_prob == pytest.approx(float(probs[:, 0].max()), abs=1e-5)
 
 
 def test_sequential_class_removals_keep_the_kept_classes(tiny_run) -> None:
@@ -118,13 +133,14 @@ def test_munkey_removal_stops_as_forgotten_only_below_the_tail(tiny_run) -> None
         stops.append(req.details["stop_reason"])
         if stops[-1] != "forgotten":
             continue
-        sims, found = bank.search(torch.as_tensor(ed.request_keys(imgs)), ed.run.train_cfg.k)
-        w = neighbour_weights(sims.float(), ed.run.train_cfg.tau, "ensemble")  # (n, K)
-        x = ed.to_input(imgs)
-        with torch.no_grad():
-            probs = sum(w[:, j, None] * torch.softmax(model(x, bank.values[found[:, j]]), dim=1)
-                        for j in range(w.shape[1]))
+        probs = _request_probs(ed, model, bank, imgs)
         assert float(probs[:, c].max()) < 2 / ed.num_classes and not (probs.argmax(1) == c).any()
+        # and the request reports what it measured, for the class UnAct suppressed (the images' pseudo-label,
+        # which on this weak run need not be c: its class-3 images are mostly predicted 4)
+        t = req.details["left_class"]
+        assert t == req.pseudo_label and req.details["left_predicted"] == 0.0
+        assert req.details["left_max_prob"] == pytest.approx(float(probs[:, t].max()), abs=1e-5)
+        assert req.details["left_mean_prob"] == pytest.approx(float(probs[:, t].mean()), abs=1e-5)
     assert "forgotten" in stops, stops
 
 
