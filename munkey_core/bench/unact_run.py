@@ -176,7 +176,7 @@ class UnactBench:
                         continue  # neither uses the images
                     req, _, _ = ed.request(method, imgs, cls=c, cfg=mcfg, unact_options=options)
                     self._record("munkey full class" if not n else "munkey few-shot", "munkey", label, req)
-                    self.rows[-1].update({k: req.details.get(k) for k in ("rounds", "units", "keys_deleted")})
+                    self.rows[-1].update({k: req.details.get(k) for k in ("rounds", "units", "keys_deleted", "stop_reason")})
                     bar.update(1)
 
     def munkey_sequential(self, ed: ClassEditor, bar: tqdm) -> None:

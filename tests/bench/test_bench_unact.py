@@ -80,6 +80,9 @@ def test_bench_unact_munkey_controls_only(tiny_run: Path, tmp_path: Path, capsys
     assert [(r["method"], r["requests"]) for r in seq] == [("keys+unact (inference path)", "1"),
                                                           ("keys+unact (inference path)", "2")]
     assert "(image pathway, earlier design)" not in text and "paper's rule: all k rounds" not in text
+    # every UnAct row of the class sections says which rule stopped it (the keys and mask rows have none)
+    stops = {r["method"]: r["stop_reason"] for r in rows if r["section"] == "munkey full class"}
+    assert stops["keys+unact (inference path)"] and stops["unact (inference path)"] and not stops["keys"]
     # the unedited model's Ar does not depend on the method: one value per class, shown in the tables
     for c in ("2", "5"):
         assert len({r["Ar_before"] for r in rows if r["class"] == c and r["section"] != "munkey sequential"}) == 1
