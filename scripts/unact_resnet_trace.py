@@ -1,4 +1,4 @@
-"""Trace attribution UnAct on a ResNet-18 classifier run, round by round, to choose its stopping rule.
+"""Trace UnAct on a ResNet-18 classifier run round by round (ours, or the paper's rule) to choose its stop rule.
 
 For each class (full class and n seeded images) one request runs `--k` rounds of the run's ResNet
 working point (p, gamma) without stopping; after every round it records the request images'
@@ -9,6 +9,7 @@ splits. A "forgotten" stop only truncates this deterministic sequence of edits, 
 class oracle exists, Delta on the test split.
 
     OMP_NUM_THREADS=1 python scripts/unact_resnet_trace.py runs/demo_resnet18 --out trace.json
+    python scripts/unact_resnet_trace.py runs/resnet64 --score activation --shots all --k 40   # the paper's rule
     python scripts/unact_resnet_trace.py runs/demo_resnet18 --second-oracle 0:runs/oracle_seed1/class_0
 """
 
@@ -25,16 +26,19 @@ import torch
 from munkey_core.model.classifiers import predict_labels
 from munkey_core.run.loaded import load_run
 from munkey_core.unlearn.classforget import ClassEditor, class_metrics
+from munkey_core.unlearn.unact import DEFAULTS, UnActConfig
 
 
-def trace(ed: ClassEditor, cls: int, n: int | None, k: int, seed: int) -> dict:
-    """Per edited-round count m = 0..k: request probability stats and val/test Af/Ar."""
+def trace(ed: ClassEditor, cls: int, n: int | None, k: int, seed: int, score: str = "attribution") -> dict:
+    """Per edited-round count m = 0..k: request probability stats and val/test Af/Ar. `score`:
+    attribution (the run's default working point) or activation (the paper's rule, its p and gamma)."""
     images = ed.class_images(cls, n, seed=seed)
     x = ed.to_input(images)
     val, test = ed.dataset.val, ed.dataset.test
     size = ed.run.cfg.img_size
     tl = test.labels[ed.test_index]
-    cfg = replace(ed.default_config(), k=k, stop="rounds")
+    base = ed.default_config() if score == "attribution" else UnActConfig(*DEFAULTS["resnet18"][:2], k, "activation")
+    cfg = replace(base, k=k, stop="rounds")
     rows: list[dict] = []
 
     def measure(model: torch.nn.Module, m: int) -> None:
@@ -83,6 +87,8 @@ def main() -> None:
     ap.add_argument("--shots", default="5,all")
     ap.add_argument("--k", type=int, default=40)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--score", choices=("attribution", "activation"), default="attribution",
+                    help="attribution (ours, the run's working point) or activation (the paper's rule, p 99, gamma 0.01)")
     ap.add_argument("--out", default=None, help="JSON file for the traces (read back with --load)")
     ap.add_argument("--load", default=None, help="comma-separated trace files to summarise instead")
     ap.add_argument("--second-oracle", action="append", default=[], metavar="CLASS:RUN",
@@ -101,7 +107,7 @@ def main() -> None:
     if a.load:
         traces = [t for f in a.load.split(",") for t in json.load(open(f))]
     else:
-        traces = [trace(ed, int(c), None if s == "all" else int(s), a.k, a.seed)
+        traces = [trace(ed, int(c), None if s == "all" else int(s), a.k, a.seed, a.score)
                   for c in a.classes.split(",") for s in a.shots.split(",")]
         if a.out:
             json.dump(traces, open(a.out, "w"), indent=1)
