@@ -51,8 +51,15 @@ def trace(ed: ClassEditor, cls: int, n: int | None, k: int, seed: int, score: st
                      "still": float(np.mean(probs.argmax(1) == cls)), "Af_val": v.Af, "Ar_val": v.Ar,
                      "Af": t.Af, "Ar": t.Ar})
 
+    seen: set[int] = set()
+
+    def on_round(info, model: torch.nn.Module) -> None:
+        measure(model, info.round)
+        rows[-1]["new_units"] = len(set(info.selected) - seen)  # channels no earlier round had dampened
+        seen.update(info.selected)
+
     measure(ed.model.eval(), 0)
-    ed.run_unact(images, cfg, target=cls, on_round=lambda info, model: measure(model, info.round))
+    ed.run_unact(images, cfg, target=cls, on_round=on_round)
     return {"cls": cls, "n": len(images), "classes": ed.num_classes, "rows": rows}
 
 
@@ -111,6 +118,9 @@ def main() -> None:
                   for c in a.classes.split(",") for s in a.shots.split(",")]
         if a.out:
             json.dump(traces, open(a.out, "w"), indent=1)
+    for t in traces:  # per round: test Af and the channels dampened for the first time (a stall: 0 new)
+        print(f"class {t['cls']} n={t['n']}: round:Af/new channels " + " ".join(
+            f"{r['m']}:{r['Af']:.0f}/{r.get('new_units', '-')}" for r in t["rows"][1:]))
     for t in traces:  # the class oracles read now (they may be trained after the trace)
         o = ed.oracle_metrics(t["cls"])
         t["oracle"] = None if o is None else {"Af": o.Af, "Ar": o.Ar}
