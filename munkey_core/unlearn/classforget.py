@@ -558,8 +558,8 @@ def guard_limits(details: dict) -> str:
 
 def request_left(request: ClassRequest) -> str:
     """What the request's own images showed when a stop rule ended it early, against what the
-    "forgotten" stop asks ("3 of 35 image(s) still predicted as the class (the stop asks for none); the
-    class's mean probability over them 4.1 % (below 8.2 %), largest 27.0 % (below 20.0 %)"), or "" when
+    "forgotten" stop asks ("3 of 35 image(s) still predicted as the class (the stop asks for none); its
+    mean probability over them 4.1 % (below 8.2 %), largest 27.0 % (below 20.0 %)"), or "" when
     the request ran all its rounds. It says what was measured; whether the class is gone from the test
     split is Af's verdict."""
     details, n_images = request.details, request.n_images

@@ -477,9 +477,9 @@ def unact(scope: UnitScope, images: torch.Tensor, cfg: UnActConfig,
                 _, base_mean, probs = _mean_stats(scope, images)  # re-score the edited model
             still = float(np.mean(probs.argmax(axis=1) == target))
             left = (still, float(probs[:, target].mean()), float(probs[:, target].max()))  # the model as it stands
-            if (r > 1 and cfg.stop == "forgotten" and still == 0.0
-                    and probs[:, target].mean() < forgotten_below(cfg, len(images)) / probs.shape[1]
-                    and (cfg.tail is None or probs[:, target].max() < float(cfg.tail) / probs.shape[1])):
+            if (r > 1 and cfg.stop == "forgotten" and still == 0.0  # the stop reads the numbers it reports
+                    and left[1] < forgotten_below(cfg, len(images)) / probs.shape[1]
+                    and (cfg.tail is None or left[2] < float(cfg.tail) / probs.shape[1])):
                 result.stopped_early, result.stop_reason = True, "forgotten"
                 result.left_predicted, result.left_mean_prob, result.left_max_prob = left
                 break
