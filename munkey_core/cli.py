@@ -53,6 +53,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         ("seed", int, "training seed (initialisation, batch order, augmentation)"),
         ("split-seed", int, "data split seed (the splits we carve, the --max-train subset); default: --seed"),
         ("exemplar-dim", int, "exemplar vector size"),
+        ("drop-path-rate", float, "stochastic depth: the largest per-block probability of skipping a block's "
+                                  "residual branch in training (the paper's ViT-Tiny: 0.1)"),
         ("inject-at", int, "block L (0 .. depth-1) the exemplar token joins at: 0 (default) is the paper's design; "
          "L > 0 is late injection, whose blocks before L run once per image instead of K times at inference "
          "(faster; docs/performance.md has its speed and Avg Gap)"),
@@ -246,7 +248,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_new_run_dir(args.out)  # before anything else: never overwrite a user's folder or file
     overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
                                                 "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
-                                                "absent_target_mix", "seed", "split_seed", "exemplar_dim", "max_train", "inject_at")}
+                                                "absent_target_mix", "seed", "split_seed", "exemplar_dim", "max_train", "inject_at",
+                                                "drop_path_rate")}
     if args.width is not None and (args.arch != "resnet18" or args.width < 1):
         raise MunkeyError("--width sets a ResNet-18's channels (a whole number >= 1, e.g. 64 for the standard model); "
                           "use it with --arch resnet18.")

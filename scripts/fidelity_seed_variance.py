@@ -15,6 +15,14 @@ model against the first one named (paired: the same 359 test images).
     OMP_NUM_THREADS=1 python scripts/fidelity_seed_variance.py compare s2_t2 s2_t2_oracle
     OMP_NUM_THREADS=1 python scripts/fidelity_seed_variance.py strong s2_t2_oracle s2_t2 --recipe s2_t2
 
+`gaps` prints, per split and recipe, every run's Avg Gap (cheap attack, forget set deleted) to each
+M-oracle of its recipe, the oracles' gaps to each other (the noise floor) and the undeleted run's
+(the positive control), from results.jsonl, grouped by forget rate, split and recipe (--set).
+
+`train --set KEY=VALUE` changes the recipe (any ModelConfig/TrainConfig field, repeatable), so a
+candidate recipe is trained for a run and its oracles alike; `strong` trains its references with the
+recipe of --recipe (cached in $SEEDVAR_DIR/refs_<recipe>).
+
 `strong ORACLE NAME...` scores each model (forget set deleted) against ORACLE with the bench's strong
 attack: the same two MUNKEY reference models `munkey bench fidelity --mia strong` trains for that seed
 (the recipe of --recipe, a run whose training seed is its split seed, as the bench's run), so a run of
@@ -51,30 +59,47 @@ ROOT = Path(os.environ.get("SEEDVAR_DIR", "runs/seedvar"))
 RATE = 0.1  # the bench's forget fraction
 
 
-def excluded_ids(split_seed: int, exclude: str) -> list[int]:
-    """The training ids left out: none, the bench's forget set of this seed, or random 10% number N."""
+def excluded_ids(split_seed: int, exclude: str, rate: float = RATE) -> list[int]:
+    """The training ids left out: none, the forget set of this seed at `rate` (the bench's at 10%), or
+    random `rate` number N."""
     ds = data_mod.load_dataset("digits", seed=split_seed)
     if exclude == "none":
         return []
     if exclude == "forget":
-        return random_ids(ds.train.ids, RATE, split_seed)
+        return random_ids(ds.train.ids, rate, split_seed)
     if exclude.startswith("rand"):
-        return random_ids(ds.train.ids, RATE, int(exclude[4:]))
+        return random_ids(ds.train.ids, rate, int(exclude[4:]))
     raise SystemExit(f"--exclude: none, forget or randN, not {exclude!r}")
+
+
+def parse_set(pairs: list[str]) -> dict:
+    """{'augment_shift': 0.3, ...} from ['augment_shift=0.3', ...]: changes to the cpu profile's digits recipe."""
+    from munkey_core.config import ModelConfig, TrainConfig
+    known = {f for cls in (ModelConfig, TrainConfig) for f in cls.__dataclass_fields__}
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in known or key in ("seed", "split_seed"):
+            raise SystemExit(f"--set {pair!r}: give KEY=VALUE with KEY a ModelConfig/TrainConfig field "
+                             "(the seeds have their own options)")
+        out[key] = json.loads(value)
+    return out
 
 
 def train(args: argparse.Namespace) -> None:
     out = ROOT / args.name
     t0 = time.time()
     if not (out / "config.json").exists():
-        train_run("digits", out, profile="cpu", overrides={"seed": args.train_seed, "split_seed": args.split_seed},
-                  exclude_ids=excluded_ids(args.split_seed, args.exclude), progress=False)
+        overrides = {**parse_set(args.set), "seed": args.train_seed, "split_seed": args.split_seed}
+        train_run("digits", out, profile="cpu", overrides=overrides,
+                  exclude_ids=excluded_ids(args.split_seed, args.exclude, args.rate), progress=False)
     run = MunkeyRun(out, device="cpu")
-    forget = random_ids(run.dataset.train.ids, RATE, args.split_seed)
+    forget = random_ids(run.dataset.train.ids, args.rate, args.split_seed)
     sets = eval_sets(run.dataset, forget, max_samples=2000, seed=args.split_seed)  # the bench's samples
     k, tau = run.train_cfg.k, run.train_cfg.tau
     keys = ("TA", "RA", "FA", "MIA")
     res = {"name": args.name, "split_seed": args.split_seed, "train_seed": args.train_seed, "exclude": args.exclude,
+           "set": parse_set(args.set), "rate": args.rate,
            "n_train": len(run.bank), "seconds": round(time.time() - t0)}
     m = measure(munkey_scorer(run.model, run.bank, run.dataset, run.split_keys, k, tau), run.dataset, sets)
     res["as_trained"] = {c: m[c] for c in keys}
@@ -132,7 +157,7 @@ def strong(args: argparse.Namespace) -> None:
     ds, seed = recipe.dataset, recipe.train_cfg.data_seed
     forget = random_ids(ds.train.ids, RATE, seed)
     sets = eval_sets(ds, forget, max_samples=2000, seed=seed)
-    refs = train_reference_models(recipe.config, ROOT / f"refs_munkey_split{seed}", family="munkey", n_refs=2,
+    refs = train_reference_models(recipe.config, ROOT / f"refs_{args.recipe}", family="munkey", n_refs=2,
                                   seed=seed, exclude_ids=forget, device="cpu")
     attack = StrongAttack(refs, ds, sets.forget, sets.test)
 
@@ -151,6 +176,40 @@ def strong(args: argparse.Namespace) -> None:
         print(name, json.dumps(row), flush=True)
 
 
+def avg_gap(a: dict, b: dict) -> float:
+    """Avg Gap of two metric dicts: mean |difference| of TA, RA, FA and MIA (the cheap attack's AUC here)."""
+    return sum(abs(a[k] - b[k]) for k in ("TA", "RA", "FA", "MIA")) / 4
+
+
+def gaps(args: argparse.Namespace) -> None:
+    """Per (split, recipe): each run (forget set deleted) against every M-oracle of its recipe, the oracles
+    against each other (the noise floor) and the undeleted run (the positive control), from results.jsonl.
+    Models are grouped by forget rate, split and recipe (their --set), so names are free."""
+    groups: dict[tuple[int, str], dict] = {}
+    for line in (ROOT / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["exclude"] not in ("none", "forget"):
+            continue
+        recipe = json.dumps(r.get("set", {}), sort_keys=True)  # the recipe, whatever the names say
+        g = groups.setdefault((r.get("rate", RATE), r["split_seed"], recipe), {"runs": {}, "oracles": {}})
+        if r["exclude"] == "forget":
+            g["oracles"][r["train_seed"]] = r["as_trained"]
+        else:
+            g["runs"][r["train_seed"]] = (r["after_deletion"], r["as_trained"])
+    for (rate, split, recipe), g in sorted(groups.items()):
+        orcs = sorted(g["oracles"].items())
+        floor = [avg_gap(a, b) for i, (_, a) in enumerate(orcs) for _, b in orcs[i + 1:]]
+        print(f"{100 * rate:g}% forget set, split {split}, recipe {recipe if recipe != '{}' else 'shipped'}: M-oracles "
+              + "; ".join(f"t{t} TA {o['TA']:.2f} FA {o['FA']:.2f} MIA {o['MIA']:.2f}" for t, o in orcs)
+              + (f"; noise floor {' / '.join(f'{f:.2f}' for f in floor)}" if floor else ""))
+        for t, (after, before) in sorted(g["runs"].items()):
+            run_gaps = [avg_gap(after, o) for _, o in orcs]
+            control = [avg_gap(before, o) for _, o in orcs]
+            print(f"  run t{t}: TA {after['TA']:.2f} RA {after['RA']:.2f} FA {after['FA']:.2f} MIA {after['MIA']:.2f}; "
+                  f"vs oracles {' / '.join(f'{x:.2f}' for x in run_gaps)}; "
+                  f"no unlearning {' / '.join(f'{x:.2f}' for x in control)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -159,15 +218,21 @@ def main() -> None:
     t.add_argument("--split-seed", type=int, required=True)
     t.add_argument("--train-seed", type=int, required=True)
     t.add_argument("--exclude", default="none", help="none (a run), forget (an M-oracle) or randN")
+    t.add_argument("--rate", type=float, default=RATE,
+                   help="forget fraction (default the bench's 0.1): the oracle leaves it out, a run deletes it; a "
+                        "run already trained is only re-measured, so one run serves every rate")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a change to the recipe (repeatable), e.g. --set augment_shift=0.3 --set drop_path_rate=0.1")
     c = sub.add_parser("compare")
     c.add_argument("names", nargs="+")
     s = sub.add_parser("strong")
     s.add_argument("oracle")
     s.add_argument("names", nargs="*")
     s.add_argument("--recipe", required=True, help="a run of this split trained with training seed = split seed")
+    sub.add_parser("gaps", help="the cheap attack's Avg Gaps of every run, oracle pair and undeleted run")
     args = ap.parse_args()
     ROOT.mkdir(parents=True, exist_ok=True)
-    {"train": train, "compare": compare, "strong": strong}[args.cmd](args)
+    {"train": train, "compare": compare, "strong": strong, "gaps": gaps}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ class UliraBench:
         prof = resolve_profile(a.profile)
         over = {"epochs": a.epochs, "seed": seed}
         cfg = with_overrides(prof.train_for(a.dataset), over)
-        mcfg = with_overrides(prof.model, {"in_chans": ds.channels, "num_classes": ds.num_classes})
+        mcfg = with_overrides(prof.model_for(a.dataset), {"in_chans": ds.channels, "num_classes": ds.num_classes})
         tr = ds.train
         res = train_munkey(mcfg, cfg, TrainData(tr.images[rows], tr.labels[rows], tr.ids[rows], keys[rows]),
                            device=resolve_device(a.device), progress=False)

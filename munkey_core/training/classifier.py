@@ -44,7 +44,8 @@ RESNET_PROFILES: dict[str, tuple[dict, dict]] = {
 def classifier_recipe(arch: str, profile: str, num_classes: int, in_chans: int,
                       overrides: dict | None = None, dataset: str = "") -> tuple[ClassifierConfig, TrainConfig, str]:
     """(model config, training config, profile name) for `arch` under a MUNKEY size profile (with the
-    profile's measured changes for `dataset`, the same as a MUNKEY run of that dataset gets)."""
+    profile's measured training changes for `dataset`, as a MUNKEY run of that dataset gets; the measured
+    backbone changes, `Profile.model_for`, are MUNKEY's own: the baselines keep the profile's backbone)."""
     if arch not in ARCHS:
         raise MunkeyError(f"Unknown architecture '{arch}'. Choose one of: munkey, {', '.join(ARCHS)}.")
     prof = resolve_profile(profile)

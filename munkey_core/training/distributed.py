@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             check_new_run_dir(out)  # never overwrite a user's folder or file
         prof = resolve_profile(args.profile)
         overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "max_train", "seed", "lr", "inject_at")}
-        with_overrides(prof.model, overrides)  # a bad --inject-at fails here, before any data is loaded
+        with_overrides(prof.model_for(args.dataset), overrides)  # a bad --inject-at fails here, before any data is loaded
         cfg = with_overrides(prof.train_for(args.dataset), overrides)
         ds = data_mod.load_dataset(args.dataset, args.data_root, seed=cfg.data_seed, max_train=cfg.max_train or None)
         enc = keys_mod.load_encoder(args.encoder, device=device)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                                                progress=False)
             if size > 1:
                 dist.barrier()
-        model_cfg = with_overrides(prof.model, {**overrides, "in_chans": ds.channels, "num_classes": ds.num_classes})
+        model_cfg = with_overrides(prof.model_for(args.dataset), {**overrides, "in_chans": ds.channels, "num_classes": ds.num_classes})
         t0 = time.perf_counter()
         result = train_distributed(model_cfg, cfg, TrainData(ds.train.images, ds.train.labels, ds.train.ids, tr_keys),
                                    val=TrainData(ds.val.images, ds.val.labels, ds.val.ids, va_keys), device=device,

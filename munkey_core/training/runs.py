@@ -45,7 +45,7 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
     paths = RunPaths(check_new_run_dir(out))  # never overwrite a user's folder or file
     prof = resolve_profile(profile)
     overrides = dict(overrides or {})
-    with_overrides(prof.model, overrides)  # a bad backbone option (e.g. inject_at) fails before any data is loaded
+    with_overrides(prof.model_for(dataset), overrides)  # a bad backbone option (e.g. inject_at) fails before any data is loaded
     train_cfg = with_overrides(prof.train_for(dataset), overrides)
     dev = resolve_device(device)
     ds = data_mod.load_dataset(dataset, data_root, download=download, seed=train_cfg.data_seed,
@@ -64,7 +64,7 @@ def train_run(dataset: str, out: str | Path, *, profile: str = "auto", encoder: 
         keep_ids = ~np.isin(ds.train.ids, np.asarray(list(exclude_ids), dtype=np.int64))
         ds = dataclasses.replace(ds, train=ds.train.subset(keep_ids))
         train_keys = train_keys[keep_ids]
-    model_cfg = with_overrides(prof.model, {**overrides, "in_chans": ds.channels, "num_classes": ds.num_classes})
+    model_cfg = with_overrides(prof.model_for(dataset), {**overrides, "in_chans": ds.channels, "num_classes": ds.num_classes})
     begin_new_run_dir(paths.root)
     t0 = time.perf_counter()
     result = train_munkey(

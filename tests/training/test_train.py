@@ -156,9 +156,27 @@ def test_absent_target_mix_changes_training_and_defaults_to_hard_labels(digits: 
     assert not torch.equal(hard.model.state_dict()["vit.head.weight"], soft.model.state_dict()["vit.head.weight"])
 
 
+def test_stochastic_depth_changes_training(digits: TrainData) -> None:
+    """drop_path_rate reaches the backbone's blocks in training (same seed, different weights) and not
+    at inference (the trained model is deterministic in eval mode)."""
+    import dataclasses
+
+    train = _subset(digits, np.arange(0, 200))
+    cfg = TrainConfig(epochs=1, batch_size=32, k=4, k_train=4, seed=3)
+    plain = train_munkey(MODEL, cfg, train, progress=False)
+    deep = train_munkey(dataclasses.replace(MODEL, drop_path_rate=0.3), cfg, train, progress=False)
+    assert not torch.equal(plain.model.state_dict()["vit.head.weight"], deep.model.state_dict()["vit.head.weight"])
+    x = torch.rand(4, 1, MODEL.img_size, MODEL.img_size)
+    tok = torch.zeros(4, MODEL.exemplar_dim)
+    no = torch.zeros(4, dtype=torch.bool)
+    with torch.no_grad():
+        assert torch.equal(deep.model(x, tok, no, no), deep.model(x, tok, no, no))
+
+
 def test_the_m_oracle_retrains_with_the_runs_absent_target_mix(cache_dir, tmp_path) -> None:
-    """An M-oracle is the run's recipe retrained: a run trained with --absent-target-mix gets an oracle
-    trained with the same mix (else its Avg Gap would compare two different recipes)."""
+    """An M-oracle is the run's recipe retrained: a run trained with --absent-target-mix (or
+    --drop-path-rate) gets an oracle trained with the same option (else its Avg Gap would compare two
+    different recipes)."""
     import json
 
     from munkey_core.cli import main
@@ -166,20 +184,23 @@ def test_the_m_oracle_retrains_with_the_runs_absent_target_mix(cache_dir, tmp_pa
 
     run = tmp_path / "run"
     assert main(["train", "--dataset", "digits", "--profile", "tiny", "--epochs", "1", "--absent-target-mix", "0.3",
-                 "--keep-checkpoints", "1", "--out", str(run), "--device", "cpu"]) == 0
+                 "--drop-path-rate", "0.2", "--keep-checkpoints", "1", "--out", str(run), "--device", "cpu"]) == 0
     config = json.loads((run / "config.json").read_text())
     assert config["train"]["absent_target_mix"] == 0.3
     from munkey_core.data.datasets import load_dataset
 
     forget = [int(i) for i in load_dataset("digits", seed=0).train.ids[:5]]
     path, trained = train_oracle(config, run, forget, "munkey", device="cpu", progress=False)
-    assert trained and json.loads((path / "config.json").read_text())["train"]["absent_target_mix"] == 0.3
+    assert trained
+    oracle = json.loads((path / "config.json").read_text())
+    assert (oracle["train"]["absent_target_mix"], oracle["model"]["drop_path_rate"]) == (0.3, 0.2)
 
 
 def test_the_cpu_profile_gives_digits_its_measured_shift_and_an_option_overrides_it(cache_dir, tmp_path) -> None:
     """`munkey train --dataset digits` on the cpu profile trains with the recipe measured to forget at 80
-    epochs (docs/results/forgetting_at_defaults.md); other datasets keep the profile's recipe; an explicit
-    --augment-shift wins; the plain-ViT baseline of the same dataset gets the same recipe."""
+    epochs (docs/results/forgetting_at_defaults.md: 20% shift); other datasets keep the profile's recipe;
+    explicit --augment-shift / --drop-path-rate win; the plain-ViT baseline of the
+    same dataset gets the same augmentation and the profile's backbone."""
     import json
 
     from munkey_core.cli import main
@@ -189,10 +210,28 @@ def test_the_cpu_profile_gives_digits_its_measured_shift_and_an_option_overrides
     cpu = PROFILES["cpu"]
     assert cpu.train_for("digits").augment_shift != cpu.train.augment_shift
     assert cpu.train_for("fashion-mnist") == cpu.train and PROFILES["tiny"].train_for("digits") == PROFILES["tiny"].train
-    for extra, want in (([], cpu.train_for("digits").augment_shift), (["--augment-shift", "0.1"], 0.1)):
+    assert cpu.model_for("fashion-mnist") == cpu.model and PROFILES["tiny"].model_for("digits") == PROFILES["tiny"].model
+    digits_shift, digits_dp = cpu.train_for("digits").augment_shift, cpu.model_for("digits").drop_path_rate
+    for extra, want in (([], (digits_shift, digits_dp)),
+                        (["--augment-shift", "0.1", "--drop-path-rate", "0.1"], (0.1, 0.1))):
         run = tmp_path / f"run{len(extra)}"
         assert main(["train", "--dataset", "digits", "--profile", "cpu", "--epochs", "1", "--max-train", "200",
                      "--keep-checkpoints", "0", "--out", str(run), "--device", "cpu", *extra]) == 0
-        assert json.loads((run / "config.json").read_text())["train"]["augment_shift"] == want
-    _, vit_cfg, _ = classifier_recipe("vit", "cpu", 10, 1, {}, "digits")
-    assert vit_cfg.augment_shift == cpu.train_for("digits").augment_shift
+        config = json.loads((run / "config.json").read_text())
+        assert (config["train"]["augment_shift"], config["model"]["drop_path_rate"]) == want
+    vit, vit_cfg, _ = classifier_recipe("vit", "cpu", 10, 1, {}, "digits")
+    assert vit_cfg.augment_shift == digits_shift  # the baseline trains on the same data augmentation ...
+    assert vit.drop_path_rate == cpu.model.drop_path_rate  # ... with the profile's backbone (MUNKEY's change is its own)
+
+
+def test_bad_drop_path_rate_is_a_clear_user_error(tmp_path, capsys) -> None:
+    """--drop-path-rate outside [0, 1) is refused with what to give, before any data or folder is touched."""
+    from munkey_core.cli import main
+
+    for bad in ("1", "-0.1", "1.5"):
+        out = tmp_path / f"run{bad}"
+        assert main(["train", "--dataset", "digits", "--profile", "tiny", "--drop-path-rate", bad,
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--drop-path-rate" in err and "from 0 (off) to below 1" in err and "Traceback" not in err
+        assert not out.exists()
