@@ -89,8 +89,9 @@ def parse_set(pairs: list[str]) -> dict:
 def train(args: argparse.Namespace) -> None:
     out = ROOT / args.name
     t0 = time.time()
+    recipe = parse_set(args.set)
     if not (out / "config.json").exists():
-        overrides = {**parse_set(args.set), "seed": args.train_seed, "split_seed": args.split_seed}
+        overrides = {**recipe, "seed": args.train_seed, "split_seed": args.split_seed}
         train_run("digits", out, profile="cpu", overrides=overrides,
                   exclude_ids=excluded_ids(args.split_seed, args.exclude, args.rate), progress=False)
     run = MunkeyRun(out, device="cpu")
@@ -99,7 +100,7 @@ def train(args: argparse.Namespace) -> None:
     k, tau = run.train_cfg.k, run.train_cfg.tau
     keys = ("TA", "RA", "FA", "MIA")
     res = {"name": args.name, "split_seed": args.split_seed, "train_seed": args.train_seed, "exclude": args.exclude,
-           "set": parse_set(args.set), "rate": args.rate,
+           "set": recipe, "rate": args.rate,
            "n_train": len(run.bank), "seconds": round(time.time() - t0)}
     m = measure(munkey_scorer(run.model, run.bank, run.dataset, run.split_keys, k, tau), run.dataset, sets)
     res["as_trained"] = {c: m[c] for c in keys}
@@ -176,16 +177,13 @@ def strong(args: argparse.Namespace) -> None:
         print(name, json.dumps(row), flush=True)
 
 
-def avg_gap(a: dict, b: dict) -> float:
-    """Avg Gap of two metric dicts: mean |difference| of TA, RA, FA and MIA (the cheap attack's AUC here)."""
-    return sum(abs(a[k] - b[k]) for k in ("TA", "RA", "FA", "MIA")) / 4
-
-
-def gaps(args: argparse.Namespace) -> None:
+def gap_table(args: argparse.Namespace) -> None:
     """Per (split, recipe): each run (forget set deleted) against every M-oracle of its recipe, the oracles
     against each other (the noise floor) and the undeleted run (the positive control), from results.jsonl.
     Models are grouped by forget rate, split and recipe (their --set), so names are free."""
-    groups: dict[tuple[int, str], dict] = {}
+    from munkey_core.eval.metrics import avg_gap
+
+    groups: dict[tuple[float, int, str], dict] = {}  # (rate, split seed, recipe) -> runs and oracles
     for line in (ROOT / "results.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
@@ -232,7 +230,7 @@ def main() -> None:
     sub.add_parser("gaps", help="the cheap attack's Avg Gaps of every run, oracle pair and undeleted run")
     args = ap.parse_args()
     ROOT.mkdir(parents=True, exist_ok=True)
-    {"train": train, "compare": compare, "strong": strong, "gaps": gaps}[args.cmd](args)
+    {"train": train, "compare": compare, "strong": strong, "gaps": gap_table}[args.cmd](args)
 
 
 if __name__ == "__main__":
