@@ -59,10 +59,11 @@ ROOT = Path(os.environ.get("SEEDVAR_DIR", "runs/seedvar"))
 RATE = 0.1  # the bench's forget fraction
 
 
-def excluded_ids(split_seed: int, exclude: str, rate: float = RATE) -> list[int]:
+def excluded_ids(split_seed: int, exclude: str, rate: float = RATE, dataset: str = "digits") -> list[int]:
     """The training ids left out: none, the forget set of this seed at `rate` (the bench's at 10%), or
-    random `rate` number N."""
-    ds = data_mod.load_dataset("digits", seed=split_seed)
+    random `rate` number N. On the training split the cpu profile trains on (its max_train subset)."""
+    from munkey_core.config import PROFILES
+    ds = data_mod.load_dataset(dataset, seed=split_seed, max_train=PROFILES["cpu"].train_for(dataset).max_train)
     if exclude == "none":
         return []
     if exclude == "forget":
@@ -92,14 +93,14 @@ def train(args: argparse.Namespace) -> None:
     recipe = parse_set(args.set)
     if not (out / "config.json").exists():
         overrides = {**recipe, "seed": args.train_seed, "split_seed": args.split_seed}
-        train_run("digits", out, profile="cpu", overrides=overrides,
-                  exclude_ids=excluded_ids(args.split_seed, args.exclude, args.rate), progress=False)
+        train_run(args.dataset, out, profile="cpu", overrides=overrides,
+                  exclude_ids=excluded_ids(args.split_seed, args.exclude, args.rate, args.dataset), progress=False)
     run = MunkeyRun(out, device="cpu")
     forget = random_ids(run.dataset.train.ids, args.rate, args.split_seed)
     sets = eval_sets(run.dataset, forget, max_samples=2000, seed=args.split_seed)  # the bench's samples
     k, tau = run.train_cfg.k, run.train_cfg.tau
     keys = ("TA", "RA", "FA", "MIA")
-    res = {"name": args.name, "split_seed": args.split_seed, "train_seed": args.train_seed, "exclude": args.exclude,
+    res = {"name": args.name, "dataset": run.config.dataset, "split_seed": args.split_seed, "train_seed": args.train_seed, "exclude": args.exclude,
            "set": recipe, "rate": args.rate,
            "n_train": len(run.bank), "seconds": round(time.time() - t0)}
     m = measure(munkey_scorer(run.model, run.bank, run.dataset, run.split_keys, k, tau), run.dataset, sets)
@@ -183,21 +184,21 @@ def gap_table(args: argparse.Namespace) -> None:
     Models are grouped by forget rate, split and recipe (their --set), so names are free."""
     from munkey_core.eval.metrics import avg_gap
 
-    groups: dict[tuple[float, int, str], dict] = {}  # (rate, split seed, recipe) -> runs and oracles
+    groups: dict[tuple[str, float, int, str], dict] = {}  # (dataset, rate, split seed, recipe) -> runs, oracles
     for line in (ROOT / "results.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
             continue
         recipe = json.dumps(r.get("set", {}), sort_keys=True)  # the recipe, whatever the names say
-        g = groups.setdefault((r.get("rate", RATE), r["split_seed"], recipe), {"runs": {}, "oracles": {}})
+        g = groups.setdefault((r.get("dataset", "digits"), r.get("rate", RATE), r["split_seed"], recipe), {"runs": {}, "oracles": {}})
         if r["exclude"] == "forget":
             g["oracles"][r["train_seed"]] = r["as_trained"]
         else:
             g["runs"][r["train_seed"]] = (r["after_deletion"], r["as_trained"])
-    for (rate, split, recipe), g in sorted(groups.items()):
+    for (dataset, rate, split, recipe), g in sorted(groups.items()):
         orcs = sorted(g["oracles"].items())
         floor = [avg_gap(a, b) for i, (_, a) in enumerate(orcs) for _, b in orcs[i + 1:]]
-        print(f"{100 * rate:g}% forget set, split {split}, recipe {recipe if recipe != '{}' else 'shipped'}: M-oracles "
+        print(f"{dataset}, {100 * rate:g}% forget set, split {split}, recipe {recipe if recipe != '{}' else 'shipped'}: M-oracles "
               + "; ".join(f"t{t} TA {o['TA']:.2f} FA {o['FA']:.2f} MIA {o['MIA']:.2f}" for t, o in orcs)
               + (f"; noise floor {' / '.join(f'{f:.2f}' for f in floor)}" if floor else ""))
         for t, (after, before) in sorted(g["runs"].items()):
@@ -213,6 +214,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
     t.add_argument("name")
+    t.add_argument("--dataset", default="digits", help="digits (default), fashion-mnist or elpv: the cpu profile's recipe")
     t.add_argument("--split-seed", type=int, required=True)
     t.add_argument("--train-seed", type=int, required=True)
     t.add_argument("--exclude", default="none", help="none (a run), forget (an M-oracle) or randN")

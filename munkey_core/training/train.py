@@ -11,6 +11,8 @@ Per sample and step (SPEC.md section 2):
   fitting the hard label of an image without its exemplar, which is what survives a deletion.
 Keys are frozen, so the K' neighbour lists are computed once before the first epoch.
 AdamW (betas 0.9/0.99) over everything, linear warm-up then cosine decay per step.
+With `ema_epochs` > 0 the weights and exemplars validated, checkpointed and shipped are an exponential
+moving average of the trained ones (torch's AveragedModel; the optimiser's trajectory is unchanged).
 Cost per step: one plain-ViT forward/backward with one extra token, plus a (B, K', Dv) gather.
 
 One loop serves one process and a DistributedDataParallel group (distributed.py launches it):
@@ -36,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm.auto import tqdm
 
 from munkey_core.config import ModelConfig, TrainConfig
@@ -96,6 +99,26 @@ def cosine_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], floa
     return factor
 
 
+class _Trained(nn.Module):
+    """The backbone and the exemplar matrix as one module, so one AveragedModel averages both."""
+
+    def __init__(self, model: MunkeyViT, values: nn.Parameter) -> None:
+        super().__init__()
+        self.model = model
+        self.values = values
+
+
+def weight_average(model: MunkeyViT, values: nn.Parameter, ema_epochs: float,
+                   steps_per_epoch: int) -> tuple[_Trained, AveragedModel | None]:
+    """(the trained weights, their exponential moving average or None when ema_epochs is 0). The per-step
+    decay 1 - 1 / (ema_epochs x steps_per_epoch) gives the average a horizon of about ema_epochs epochs."""
+    trained = _Trained(model, values)
+    if ema_epochs <= 0:
+        return trained, None
+    decay = max(0.0, 1.0 - 1.0 / (ema_epochs * steps_per_epoch))
+    return trained, AveragedModel(trained, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+
+
 def world() -> tuple[int, int]:
     """(rank, world size) of the current process group; (0, 1) when none is initialised."""
     if dist.is_available() and dist.is_initialized():
@@ -128,6 +151,8 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
     steps_per_epoch = math.ceil(n / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_schedule(total, int(cfg.warmup_epochs * steps_per_epoch)))
+    trained, averaged = weight_average(model, values, cfg.ema_epochs, steps_per_epoch)
+    shipped = trained if averaged is None else averaged.module  # what is validated, checkpointed and returned
     images = torch.from_numpy(np.ascontiguousarray(train.images)).to(device)  # (N, H, W, C) uint8
     labels = torch.from_numpy(train.labels.astype(np.int64)).to(device)
     history: list[dict] = []
@@ -160,28 +185,30 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
                 values.grad[idx] = rows_grad / size
             opt.step()
             sched.step()
+            if averaged is not None:
+                averaged.update_parameters(trained)
             stats += torch.stack([loss_sum.detach().double(), (logits.argmax(1) == y).sum().double()])
             bar.update(1)
             bar.set_postfix(epoch=epoch, loss=f"{loss_sum.item() / len(part):.3f}")
         if size > 1:
             dist.all_reduce(stats)
-        bank.values = values.detach()
+        bank.values = shipped.values.detach()
         record = {"epoch": epoch, "loss": stats[0].item() / n, "train_acc": 100.0 * stats[1].item() / n,
                   "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t0}
         if rank == 0 and val is not None and len(val.labels):
-            record["val_acc"] = validation_accuracy(model, bank, val, cfg)
+            record["val_acc"] = validation_accuracy(shipped.model, bank, val, cfg)
         history.append(record)
         bar.set_postfix(epoch=epoch, loss=f"{record['loss']:.3f}", acc=f"{record['train_acc']:.1f}",
                         val=f"{record.get('val_acc', float('nan')):.1f}")
         if rank == 0 and checkpoint_dir is not None:
-            save_checkpoint(checkpoint_dir, epoch, model, bank, record, keep_checkpoints)
+            save_checkpoint(checkpoint_dir, epoch, shipped.model, bank, record, keep_checkpoints)
         if rank == 0 and on_epoch is not None:
             on_epoch(record)
     bar.close()
-    bank.values = values.detach().clone()
-    state = opt.state[values]
+    bank.values = shipped.values.detach().clone()
+    state = opt.state[values]  # the optimiser's moments of the trained rows (the average has none)
     bank.moments = {"exp_avg": state["exp_avg"].detach().clone(), "exp_avg_sq": state["exp_avg_sq"].detach().clone()}
-    return TrainResult(model.eval(), bank, history)
+    return TrainResult(shipped.model.eval(), bank, history)
 
 
 def neighbour_label_dist(bank: MemoryBank, nbr_rows: torch.Tensor, nbr_w: torch.Tensor,

@@ -173,6 +173,34 @@ def test_stochastic_depth_changes_training(digits: TrainData) -> None:
         assert torch.equal(deep.model(x, tok, no, no), deep.model(x, tok, no, no))
 
 
+def test_weight_average_ships_the_ema_of_the_trained_trajectory(digits: TrainData, tmp_path) -> None:
+    """ema_epochs ships w_ema, computed here independently of torch's AveragedModel: with one step per epoch
+    (batch = the whole set) the raw weights after each step are the checkpoints of a run without averaging,
+    and a horizon of 2 steps (decay 1/2) gives w1 after step 1, then w_ema <- (w_ema + w_t) / 2. The trained
+    trajectory itself is unchanged (same losses), and validation scores the averaged model."""
+    train, val = _subset(digits, np.arange(0, 120)), _subset(digits, np.arange(1500, 1600))
+    cfg = TrainConfig(epochs=4, batch_size=120, lr=5e-3, warmup_epochs=0.0, k=4, k_train=4, seed=5)
+    raw = train_munkey(MODEL, cfg, train, val=val, checkpoint_dir=tmp_path / "raw", keep_checkpoints=0, progress=False)
+    ema = train_munkey(MODEL, TrainConfig(**{**cfg.__dict__, "ema_epochs": 2.0}), train, val=val,
+                       checkpoint_dir=tmp_path / "ema", keep_checkpoints=0, progress=False)
+    steps = [load_checkpoint(tmp_path / "raw" / f"epoch_{e:03d}.pt") for e in range(1, 5)]
+    want_model, want_values = dict(steps[0]["model"]), steps[0]["values"].clone()
+    for ck in steps[1:]:
+        want_model = {n: (w + ck["model"][n]) / 2 for n, w in want_model.items()}
+        want_values = (want_values + ck["values"]) / 2
+    got = ema.model.state_dict()
+    assert set(got) == set(want_model)
+    for n, w in want_model.items():
+        assert torch.allclose(got[n], w, atol=1e-6), n
+    assert torch.allclose(ema.bank.values, want_values, atol=1e-6)
+    assert not torch.allclose(ema.bank.values, raw.bank.values, atol=1e-4)  # the average is not the last step
+    assert torch.allclose(load_checkpoint(tmp_path / "ema" / "epoch_004.pt")["values"], want_values, atol=1e-6)
+    assert [h["loss"] for h in ema.history] == [h["loss"] for h in raw.history]  # same trajectory
+    assert torch.equal(ema.bank.moments["exp_avg"], raw.bank.moments["exp_avg"])  # the optimiser's, not averaged
+    assert ema.history[0]["val_acc"] == raw.history[0]["val_acc"]  # after step 1 the average is w1
+    assert [h["val_acc"] for h in ema.history] != [h["val_acc"] for h in raw.history]
+
+
 def test_the_m_oracle_retrains_with_the_runs_absent_target_mix(cache_dir, tmp_path) -> None:
     """An M-oracle is the run's recipe retrained: a run trained with --absent-target-mix (or
     --drop-path-rate) gets an oracle trained with the same option (else its Avg Gap would compare two
@@ -184,7 +212,8 @@ def test_the_m_oracle_retrains_with_the_runs_absent_target_mix(cache_dir, tmp_pa
 
     run = tmp_path / "run"
     assert main(["train", "--dataset", "digits", "--profile", "tiny", "--epochs", "1", "--absent-target-mix", "0.3",
-                 "--drop-path-rate", "0.2", "--keep-checkpoints", "1", "--out", str(run), "--device", "cpu"]) == 0
+                 "--drop-path-rate", "0.2", "--ema-epochs", "0.5", "--keep-checkpoints", "1", "--out", str(run),
+                 "--device", "cpu"]) == 0
     config = json.loads((run / "config.json").read_text())
     assert config["train"]["absent_target_mix"] == 0.3
     from munkey_core.data.datasets import load_dataset
@@ -193,7 +222,8 @@ def test_the_m_oracle_retrains_with_the_runs_absent_target_mix(cache_dir, tmp_pa
     path, trained = train_oracle(config, run, forget, "munkey", device="cpu", progress=False)
     assert trained
     oracle = json.loads((path / "config.json").read_text())
-    assert (oracle["train"]["absent_target_mix"], oracle["model"]["drop_path_rate"]) == (0.3, 0.2)
+    assert (oracle["train"]["absent_target_mix"], oracle["model"]["drop_path_rate"], oracle["train"]["ema_epochs"]) \
+        == (0.3, 0.2, 0.5)
 
 
 def test_the_cpu_profile_gives_digits_its_measured_shift_and_an_option_overrides_it(cache_dir, tmp_path) -> None:
@@ -225,7 +255,8 @@ def test_the_cpu_profile_gives_digits_its_measured_shift_and_an_option_overrides
 
 
 def test_bad_drop_path_rate_is_a_clear_user_error(tmp_path, capsys) -> None:
-    """--drop-path-rate outside [0, 1) is refused with what to give, before any data or folder is touched."""
+    """--drop-path-rate outside [0, 1) and a negative --ema-epochs are refused with what to give, before any
+    data or folder is touched."""
     from munkey_core.cli import main
 
     for bad in ("1", "-0.1", "1.5"):
@@ -234,4 +265,10 @@ def test_bad_drop_path_rate_is_a_clear_user_error(tmp_path, capsys) -> None:
                      "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert "--drop-path-rate" in err and "from 0 (off) to below 1" in err and "Traceback" not in err
+        assert not out.exists()
+    for bad in ("-1", "nan"):
+        out = tmp_path / f"ema{bad}"
+        assert main(["train", "--dataset", "digits", "--profile", "tiny", "--ema-epochs", bad, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--ema-epochs" in err and "a positive number" in err and "Traceback" not in err
         assert not out.exists()
