@@ -17,7 +17,7 @@ model against the first one named (paired: the same 359 test images).
 
 `gaps` prints, per split and recipe, every run's Avg Gap (cheap attack, forget set deleted) to each
 M-oracle of its recipe, the oracles' gaps to each other (the noise floor) and the undeleted run's
-(the positive control), from results.jsonl, grouped by forget rate, split and recipe (--set).
+(the positive control), from results.jsonl, grouped by dataset, forget rate, split and recipe (--set).
 
 `train --set KEY=VALUE` changes the recipe (any ModelConfig/TrainConfig field, repeatable), so a
 candidate recipe is trained for a run and its oracles alike; `strong` trains its references with the
@@ -59,11 +59,14 @@ ROOT = Path(os.environ.get("SEEDVAR_DIR", "runs/seedvar"))
 RATE = 0.1  # the bench's forget fraction
 
 
-def excluded_ids(split_seed: int, exclude: str, rate: float = RATE, dataset: str = "digits") -> list[int]:
+def excluded_ids(split_seed: int, exclude: str, rate: float = RATE, dataset: str = "digits",
+                 recipe: dict | None = None) -> list[int]:
     """The training ids left out: none, the forget set of this seed at `rate` (the bench's at 10%), or
-    random `rate` number N. On the training split the cpu profile trains on (its max_train subset)."""
-    from munkey_core.config import PROFILES
-    ds = data_mod.load_dataset(dataset, seed=split_seed, max_train=PROFILES["cpu"].train_for(dataset).max_train)
+    random `rate` number N. On the training split the run trains on: the cpu profile's recipe for
+    `dataset` with `recipe`'s changes (its max_train subset, as train_run loads it)."""
+    from munkey_core.config import PROFILES, with_overrides
+    max_train = with_overrides(PROFILES["cpu"].train_for(dataset), recipe or {}).max_train or None
+    ds = data_mod.load_dataset(dataset, seed=split_seed, max_train=max_train)
     if exclude == "none":
         return []
     if exclude == "forget":
@@ -94,7 +97,8 @@ def train(args: argparse.Namespace) -> None:
     if not (out / "config.json").exists():
         overrides = {**recipe, "seed": args.train_seed, "split_seed": args.split_seed}
         train_run(args.dataset, out, profile="cpu", overrides=overrides,
-                  exclude_ids=excluded_ids(args.split_seed, args.exclude, args.rate, args.dataset), progress=False)
+                  exclude_ids=excluded_ids(args.split_seed, args.exclude, args.rate, args.dataset,
+                                           recipe), progress=False)
     run = MunkeyRun(out, device="cpu")
     forget = random_ids(run.dataset.train.ids, args.rate, args.split_seed)
     sets = eval_sets(run.dataset, forget, max_samples=2000, seed=args.split_seed)  # the bench's samples
@@ -179,9 +183,9 @@ def strong(args: argparse.Namespace) -> None:
 
 
 def gap_table(args: argparse.Namespace) -> None:
-    """Per (split, recipe): each run (forget set deleted) against every M-oracle of its recipe, the oracles
+    """Per (dataset, rate, split, recipe): each run (forget set deleted) against every M-oracle of its recipe, the oracles
     against each other (the noise floor) and the undeleted run (the positive control), from results.jsonl.
-    Models are grouped by forget rate, split and recipe (their --set), so names are free."""
+    Models are grouped by dataset, forget rate, split and recipe (their --set), so names are free."""
     from munkey_core.eval.metrics import avg_gap
 
     groups: dict[tuple[str, float, int, str], dict] = {}  # (dataset, rate, split seed, recipe) -> runs, oracles
