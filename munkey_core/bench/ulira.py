@@ -13,7 +13,9 @@ per family (MUNKEY; the plain ViT of the same backbone and recipe):
    likelihood-ratio test of eval/ulira.py asks, leaving each shadow out in turn, whether it looks
    unlearned or retrained (never trained on the target).
 Reported per method: accuracy, AUC, TPR at 1% and 0.1% FPR, with 95% bootstrap intervals over targets.
-50 = unlearned models are indistinguishable from retrained ones for these examples. Everything a
+50 = unlearned models are indistinguishable from retrained ones for these examples. Beside them, the
+mean test-split accuracy of the attacked models (a method can reach 50 by wrecking the model; this
+shows what it kept). Everything a
 shadow gives is cached under --work (a re-run resumes). Cost: 2 x --shadows trainings of the profile
 on half the training split, plus the post-hoc methods; about 10 minutes on one core with the defaults.
 """

@@ -20,7 +20,14 @@ NONE = "no unlearning (positive control)"
 KEY_DELETION = "MUNKEY key deletion"
 COLUMNS = ("family", "method", "settings", "accuracy", "accuracy_lo", "accuracy_hi", "AUC", "AUC_lo", "AUC_hi",
            "TPR@1%", "TPR@1%_lo", "TPR@1%_hi", "TPR@0.1%", "TPR@0.1%_lo", "TPR@0.1%_hi", "shadows", "targets",
-           "pairs_unlearned", "pairs_retrained")
+           "pairs_unlearned", "pairs_retrained", "test_accuracy")
+
+
+def mean_test_accuracy(per_shadow: list[dict | None], method: str) -> float | None:
+    """Mean over the shadows of `method`'s test-split accuracy (percent); None when any shadow lacks it
+    (cached before the bench recorded it), so a row never averages a subset of its shadows."""
+    values = [acc.get(method) if acc else None for acc in per_shadow]
+    return None if not values or any(v is None for v in values) else float(np.mean(values))
 
 
 class UliraBench:
@@ -55,6 +62,9 @@ class UliraBench:
                         "vit": self.work / f"vit_e{args.vit_epochs}_shift{args.vit_shift:g}"}
         self.trained = 0
         self.accuracy: dict[str, list[dict]] = {}  # family -> per shadow {"train", "test"} accuracy (percent)
+        # family -> per shadow {method: test-split accuracy (percent) of that model}, None for a shadow cached before
+        # it was recorded: the utility each row's forgetting costs
+        self.test_accuracy: dict[str, list[dict | None]] = {}
         self._acc: dict | None = None
 
     # ----- data -----------------------------------------------------------------------------
@@ -73,9 +83,10 @@ class UliraBench:
         return ds, targets, halves
 
     # ----- one shadow -----------------------------------------------------------------------
-    def _munkey_shadow(self, ds, keys: np.ndarray, rows: np.ndarray, targets: np.ndarray, seed: int) -> dict:
+    def _munkey_shadow(self, ds, keys: np.ndarray, test_keys: np.ndarray, rows: np.ndarray, targets: np.ndarray,
+                       seed: int) -> tuple[dict, dict]:
         """Probabilities (T, C) on the targets of a MUNKEY trained on `rows`, before and after deleting
-        the keys of the targets it trained on."""
+        the keys of the targets it trained on, and its test-split accuracy (percent) before and after."""
         import copy
 
         from munkey_core.config import resolve_device, resolve_profile, with_overrides
@@ -95,19 +106,25 @@ class UliraBench:
         dev = next(model.parameters()).device
         x = preprocess_images(torch.from_numpy(np.ascontiguousarray(tr.images[targets])).to(dev), mcfg.img_size)
 
-        def probs(b) -> np.ndarray:
-            return predict(model, b, x, keys[targets], k=cfg.k, tau=cfg.tau, neighbour_predictions=False).probs
+        x_test = preprocess_images(torch.from_numpy(np.ascontiguousarray(ds.test.images)).to(dev), mcfg.img_size)
 
-        out = {NONE: probs(bank)}
+        def probs(b, images: torch.Tensor, query_keys: np.ndarray) -> np.ndarray:
+            return predict(model, b, images, query_keys, k=cfg.k, tau=cfg.tau, neighbour_predictions=False).probs
+
+        def test_accuracy(b) -> float:
+            return float((probs(b, x_test, test_keys).argmax(1) == ds.test.labels).mean() * 100)
+
+        out, acc = {NONE: probs(bank, x, keys[targets])}, {NONE: test_accuracy(bank)}
         gone = copy.deepcopy(bank)
         gone.delete([int(i) for i in tr.ids[np.intersect1d(rows, targets)]])
         gone.compact()
-        out[KEY_DELETION] = probs(gone)
-        return out
+        out[KEY_DELETION], acc[KEY_DELETION] = probs(gone, x, keys[targets]), test_accuracy(gone)
+        return out, acc
 
-    def _vit_shadow(self, ds, rows: np.ndarray, targets: np.ndarray, seed: int) -> dict:
+    def _vit_shadow(self, ds, rows: np.ndarray, targets: np.ndarray, seed: int) -> tuple[dict, dict]:
         """Probabilities (T, C) on the targets of a plain ViT trained on `rows`, as trained and after each
-        post-hoc method unlearned the targets it trained on (its retain set: the other rows)."""
+        post-hoc method unlearned the targets it trained on (its retain set: the other rows), and the
+        test-split accuracy (percent) of each of those models."""
         from munkey_core.config import resolve_device
         from munkey_core.eval.mia import classifier_probs
         from munkey_core.training.classifier import classifier_recipe, train_classifier
@@ -120,12 +137,13 @@ class UliraBench:
                                          {"epochs": a.vit_epochs, "augment_shift": a.vit_shift, "seed": seed})
         dev = resolve_device(a.device)
         model, _ = train_classifier(cfg, tcfg, tr.images[rows], tr.labels[rows], device=dev, progress=False)
-        out = {NONE: classifier_probs(model, tr.images[targets], cfg.img_size)}
+        def test_accuracy(m) -> float:
+            return float((classifier_probs(m, ds.test.images, cfg.img_size).argmax(1) == ds.test.labels).mean() * 100)
+
+        out, acc = {NONE: classifier_probs(model, tr.images[targets], cfg.img_size)}, {NONE: test_accuracy(model)}
         # how much this shadow memorised: accuracy on its own training rows and on the test split
         self._acc = {"train": float((classifier_probs(model, tr.images[rows], cfg.img_size).argmax(1)
-                                     == tr.labels[rows]).mean() * 100),
-                     "test": float((classifier_probs(model, ds.test.images, cfg.img_size).argmax(1)
-                                    == ds.test.labels).mean() * 100)}
+                                     == tr.labels[rows]).mean() * 100), "test": acc[NONE]}
         forget_rows = np.intersect1d(rows, targets)
         retain_rows = np.setdiff1d(rows, targets)
 
@@ -137,9 +155,10 @@ class UliraBench:
                             (tr.images[retain_rows], tr.labels[retain_rows]), num_classes=ds.num_classes, seed=seed,
                             settings=self.settings.get(method))
             out[method] = classifier_probs(r.model, tr.images[targets], cfg.img_size)
-        return out
+            acc[method] = test_accuracy(r.model)
+        return out, acc
 
-    def _shadow(self, family: str, s: int, ds, keys, rows, targets) -> dict:
+    def _shadow(self, family: str, s: int, ds, keys, test_keys, rows, targets) -> dict:
         """Cached outputs of shadow `s` of `family`: method -> probabilities (T, C)."""
         path = self.folders[family] / f"shadow_{s:03d}.json"
         tag = {"methods": self.methods if family == "vit" else [], "targets": targets.tolist(), "rows": len(rows),
@@ -149,15 +168,18 @@ class UliraBench:
             cached = read_json(path)
             if cached.get("accuracy"):
                 self.accuracy.setdefault(family, []).append(cached["accuracy"])
+            self.test_accuracy.setdefault(family, []).append(cached.get("test_accuracy"))
             return {k: np.asarray(v) for k, v in cached["probs"].items()}
         seed = 1000 * (self.args.seed + 1) + s  # every shadow its own training seed
         self._acc = None
-        out = (self._munkey_shadow(ds, keys, rows, targets, seed) if family == "munkey"
-               else self._vit_shadow(ds, rows, targets, seed))
+        out, test_acc = (self._munkey_shadow(ds, keys, test_keys, rows, targets, seed) if family == "munkey"
+                         else self._vit_shadow(ds, rows, targets, seed))
         self.trained += 1
         if self._acc:
             self.accuracy.setdefault(family, []).append(self._acc)
-        atomic_write_json(path, {"tag": tag, "probs": {k: v.tolist() for k, v in out.items()}, "accuracy": self._acc})
+        self.test_accuracy.setdefault(family, []).append(test_acc)
+        atomic_write_json(path, {"tag": tag, "probs": {k: v.tolist() for k, v in out.items()}, "accuracy": self._acc,
+                                 "test_accuracy": test_acc})
         return out
 
     # ----- the attack ---------------------------------------------------------------------------
@@ -171,11 +193,12 @@ class UliraBench:
         families = ["munkey"] + (["vit"] if self.methods else [])
         enc = keys_mod.load_encoder(a.encoder or keys_mod.DEFAULT_ENCODER, device=resolve_device(a.device))
         keys = keys_mod.cached_keys(enc, ds.train.images, ds.train.ids, dataset=ds.name, split="train", progress=False)
+        test_keys = keys_mod.cached_keys(enc, ds.test.images, ds.test.ids, dataset=ds.name, split="test", progress=False)
         unlearned = np.stack([np.isin(targets, h) for h in halves])  # (S, T)
         labels = ds.train.labels[targets]
         rows: list[dict] = []
         for family in families:
-            outs = [self._shadow(family, s, ds, keys, h, targets)
+            outs = [self._shadow(family, s, ds, keys, test_keys, h, targets)
                     for s, h in enumerate(tqdm(halves, desc=f"{family} shadows", unit="model", dynamic_ncols=True))]
             for method in [NONE] + ([KEY_DELETION] if family == "munkey" else self.methods):  # control first
                 obs = np.stack([logit_confidence(o[method], labels) for o in outs])  # (S, T)
@@ -183,7 +206,8 @@ class UliraBench:
                 row = {"family": "MUNKEY" if family == "munkey" else "plain ViT", "method": method,
                        "settings": self._settings_text(method),
                        "shadows": rep.n_shadows, "targets": rep.n_targets,
-                       "pairs_unlearned": rep.n_pairs_unlearned, "pairs_retrained": rep.n_pairs_retrained}
+                       "pairs_unlearned": rep.n_pairs_unlearned, "pairs_retrained": rep.n_pairs_retrained,
+                       "test_accuracy": mean_test_accuracy(self.test_accuracy[family], method)}
                 for k, v in rep.values.items():
                     row[k], (row[f"{k}_lo"], row[f"{k}_hi"]) = v, rep.ci[k]
                 rows.append(row)
@@ -222,13 +246,17 @@ class UliraBench:
                            f"{np.mean([x['train'] for x in acc]):.1f}%, test accuracy {np.mean([x['test'] for x in acc]):.1f}% "
                            f"(mean of {len(acc)})." for fam, acc in self.accuracy.items() if fam == "vit" and acc), "",
                  "Command: `munkey " + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "`", "",
-                 "| family | method | settings | accuracy | AUC | TPR@1% FPR | TPR@0.1% FPR |",
-                 "|---|---|---|---|---|---|---|"]
+                 "Test accuracy: the mean over the shadows of each model's accuracy on the test split (after its "
+                 "unlearning), the utility the row's forgetting leaves; 'not measured' where the shadows were cached "
+                 "before the bench recorded it (a fresh --work measures it).", "",
+                 "| family | method | settings | accuracy | AUC | TPR@1% FPR | TPR@0.1% FPR | test accuracy |",
+                 "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             settings = (r["settings"] + (" (--settings)" if r["method"] in self.settings else " (defaults)")
                         if r["settings"] else "")
             lines.append(f"| {r['family']} | {r['method']} | {settings} | " + " | ".join(
-                cell(r, k) for k in ("accuracy", "AUC", "TPR@1%", "TPR@0.1%")) + " |")
+                cell(r, k) for k in ("accuracy", "AUC", "TPR@1%", "TPR@0.1%"))
+                + (f" | {r['test_accuracy']:.1f} |" if r["test_accuracy"] is not None else " | not measured |"))
         return "\n".join(lines) + "\n"
 
     def run(self) -> int:

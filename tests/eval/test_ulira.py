@@ -1,6 +1,6 @@
 """The per-example unlearning attack (U-LiRA style): its likelihood-ratio statistics on hand-made
 observations, checked against the standard library's normal density, and `munkey bench ulira` end to end on digits
-(tiny profile)."""
+(tiny profile), with the test accuracy each attacked model keeps."""
 
 from __future__ import annotations
 
@@ -75,8 +75,27 @@ def test_bench_ulira_runs_end_to_end_and_resumes(cache_dir: Path, tmp_path: Path
         assert int(r["shadows"]) == 8 and int(r["pairs_unlearned"]) + int(r["pairs_retrained"]) == 8 * 12
         for k in ("accuracy", "AUC", "TPR@1%", "TPR@0.1%"):
             assert 0 <= float(r[f"{k}_lo"]) <= float(r[k]) <= float(r[f"{k}_hi"]) <= 100
+    # utility beside each row: the test accuracy of the models the row attacked, a mean over the 8 shadows
+    test_acc = {(r["family"], r["method"]): float(r["test_accuracy"]) for r in rows}
+    files = {fam: sorted((tmp_path / "w" / "digits_tiny_seed0_t12").glob(f"{fam}_*/shadow_*.json"))
+             for fam in ("munkey", "vit")}
+    as_trained = [json.loads(f.read_text())["accuracy"]["test"] for f in files["vit"]]  # recorded when trained
+    assert test_acc[("plain ViT", "no unlearning (positive control)")] == pytest.approx(np.mean(as_trained))
+    assert all(0 < v <= 100 for v in test_acc.values())
+    # deleting the few target keys a shadow holds (about 6 of its 629 entries) leaves test accuracy almost as is
+    assert abs(test_acc[("MUNKEY", "MUNKEY key deletion")] - test_acc[("MUNKEY", "no unlearning (positive control)")]) < 3
     assert main(argv) == 0  # a re-run reads every shadow from --work
     assert "0 shadow model(s) trained" in capsys.readouterr().out
+    # shadows cached before the bench recorded test accuracy: that family's rows say so (no average over a subset)
+    old = json.loads(files["munkey"][3].read_text())
+    del old["test_accuracy"]
+    files["munkey"][3].write_text(json.dumps(old))
+    assert main(argv) == 0
+    assert "0 shadow model(s) trained" in capsys.readouterr().out
+    rows = list(csv.DictReader(open(tmp_path / "out" / "ulira_digits.csv")))
+    assert [r["test_accuracy"] == "" for r in rows] == [True, True, False, False]
+    md = (tmp_path / "out" / "ulira_digits.md").read_text()
+    assert md.count("| not measured |") == 2 and "nan" not in md and "None" not in md
     assert main(argv[:-2] + ["--shadows", "6"]) == 2
     assert "--shadows" in capsys.readouterr().err
 
@@ -120,6 +139,9 @@ def test_bench_ulira_runs_post_hoc_methods_with_given_settings(cache_dir: Path, 
     assert before_given == pytest.approx(before_default, abs=0.02)  # the same shadows (seeded training)
     assert after_default > before_default - 0.1  # the default NegGrad+ barely moves these shadows
     assert after_given < after_default - 0.2  # the given settings were the ones run
+    # and the test-accuracy column sees what they cost: the strong NegGrad+ damages the shadows' test accuracy
+    # (measured: 66 -> 33 percent), where the defaults leave it as trained
+    assert float(rows["neggrad+"]["test_accuracy"]) < float(rows["no unlearning (positive control)"]["test_accuracy"]) - 10
 
     assert main(argv + ["--settings", "scrub:epochs=3"]) == 2
     assert "not among --methods" in capsys.readouterr().err
