@@ -49,7 +49,7 @@ import torch
 
 from munkey_core.data import datasets as data_mod
 from munkey_core.data.sampling import random_ids
-from munkey_core.eval.oracles import eval_sets, measure, munkey_scorer
+from munkey_core.eval.oracles import TPR_KEYS, eval_sets, measure, munkey_scorer
 from munkey_core.model.munkey_vit import preprocess_images
 from munkey_core.model.predict import predict
 from munkey_core.service import MunkeyRun
@@ -103,7 +103,7 @@ def train(args: argparse.Namespace) -> None:
     forget = random_ids(run.dataset.train.ids, args.rate, args.split_seed)
     sets = eval_sets(run.dataset, forget, max_samples=2000, seed=args.split_seed)  # the bench's samples
     k, tau = run.train_cfg.k, run.train_cfg.tau
-    keys = ("TA", "RA", "FA", "MIA")
+    keys = ("TA", "RA", "FA", "MIA", *TPR_KEYS)  # the cheap attack's AUC and its TPR at 1% / 0.1% FPR
     res = {"name": args.name, "dataset": args.dataset, "split_seed": args.split_seed, "train_seed": args.train_seed, "exclude": args.exclude,
            "set": recipe, "rate": args.rate,
            "n_train": len(run.bank), "seconds": round(time.time() - t0)}
@@ -182,6 +182,11 @@ def strong(args: argparse.Namespace) -> None:
         print(name, json.dumps(row), flush=True)
 
 
+def tprs(m: dict) -> str:
+    """', TPR@1% x, TPR@0.1% y' of a measurement that has them ('' for a line written before they were kept)."""
+    return "".join(f", {k} {m[k]:.2f}" for k in TPR_KEYS if m.get(k) is not None)
+
+
 def gap_table(args: argparse.Namespace) -> None:
     """Per (dataset, rate, split, recipe): each run (forget set deleted) against every M-oracle of its recipe, the oracles
     against each other (the noise floor) and the undeleted run (the positive control), from results.jsonl.
@@ -208,9 +213,11 @@ def gap_table(args: argparse.Namespace) -> None:
         for t, (after, before) in sorted(g["runs"].items()):
             run_gaps = [avg_gap(after, o) for _, o in orcs]
             control = [avg_gap(before, o) for _, o in orcs]
-            print(f"  run t{t}: TA {after['TA']:.2f} RA {after['RA']:.2f} FA {after['FA']:.2f} MIA {after['MIA']:.2f}; "
-                  f"vs oracles {' / '.join(f'{x:.2f}' for x in run_gaps)}; "
-                  f"no unlearning {' / '.join(f'{x:.2f}' for x in control)}")
+            print(f"  run t{t}: TA {after['TA']:.2f} RA {after['RA']:.2f} FA {after['FA']:.2f} MIA {after['MIA']:.2f}"
+                  f"{tprs(after)}; vs oracles {' / '.join(f'{x:.2f}' for x in run_gaps)}; "
+                  f"no unlearning {' / '.join(f'{x:.2f}' for x in control)} (MIA {before['MIA']:.2f}{tprs(before)})")
+        if any(TPR_KEYS[0] in o for _, o in orcs):
+            print("  M-oracles' TPR at low FPR: " + "; ".join(f"t{t}{tprs(o)}" for t, o in orcs))
         pairs = [(after, o) for after, _ in g["runs"].values() for _, o in orcs]
         if pairs:  # which metric the run-vs-oracle gap is made of (each |difference| / 4 adds to the Avg Gap)
             print("  mean |run - oracle|: " + ", ".join(
