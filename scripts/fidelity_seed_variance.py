@@ -194,6 +194,7 @@ def gap_table(args: argparse.Namespace) -> None:
     from munkey_core.eval.metrics import avg_gap
 
     groups: dict[tuple[str, float, int, str], dict] = {}  # (dataset, rate, split seed, recipe) -> runs, oracles
+    pooled: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (run-vs-oracle gaps, floor)
     for line in (ROOT / "results.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
@@ -223,6 +224,20 @@ def gap_table(args: argparse.Namespace) -> None:
             print("  mean |run - oracle|: " + ", ".join(
                 f"{c} {np.mean([abs(a[c] - o[c]) for a, o in pairs]):.2f}" for c in ("TA", "RA", "FA", "MIA"))
                   + f"; run - oracle TA {np.mean([a['TA'] - o['TA'] for a, o in pairs]):+.2f}")
+        pooled.setdefault((dataset, rate, recipe), []).append((
+            [avg_gap(after, o) for after, _ in g["runs"].values() for _, o in orcs], floor))
+    print("\npooled over splits (the goal: run vs oracle within the noise floor + 0.3):")
+    for (dataset, rate, recipe), cells in sorted(pooled.items()):
+        gaps = [x for run_gaps, _ in cells for x in run_gaps]
+        floors = [x for _, floor in cells for x in floor]
+        if not gaps or not floors:
+            continue
+        within = sum(np.mean(r) <= np.mean(f) + 0.3 for r, f in cells if r and f)
+        print(f"  {dataset}, {100 * rate:g}%, recipe {recipe if recipe != '{}' else 'shipped'}: run vs oracle "
+              f"{np.mean(gaps):.2f} (n={len(gaps)}, {min(gaps):.2f}-{max(gaps):.2f}) against a floor of "
+              f"{np.mean(floors):.2f} (n={len(floors)}, {min(floors):.2f}-{max(floors):.2f}): "
+              f"{np.mean(gaps) - np.mean(floors):+.2f}; splits within floor + 0.3: {within} of "
+              f"{sum(1 for r, f in cells if r and f)}")
 
 
 def main() -> None:
