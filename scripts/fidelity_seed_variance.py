@@ -195,6 +195,7 @@ def gap_table(args: argparse.Namespace) -> None:
 
     groups: dict[tuple[str, float, int, str], dict] = {}  # (dataset, rate, split seed, recipe) -> runs, oracles
     pooled: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (run-vs-oracle gaps, floor)
+    rows: dict[tuple[str, float, str], list[str]] = {}  # (dataset, rate, recipe) -> markdown rows, one per split
     for line in (ROOT / "results.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
@@ -224,8 +225,22 @@ def gap_table(args: argparse.Namespace) -> None:
             print("  mean |run - oracle|: " + ", ".join(
                 f"{c} {np.mean([abs(a[c] - o[c]) for a, o in pairs]):.2f}" for c in ("TA", "RA", "FA", "MIA"))
                   + f"; run - oracle TA {np.mean([a['TA'] - o['TA'] for a, o in pairs]):+.2f}")
-        pooled.setdefault((dataset, rate, recipe), []).append((
-            [avg_gap(after, o) for after, _ in g["runs"].values() for _, o in orcs], floor))
+        run_gaps = [avg_gap(after, o) for after, _ in g["runs"].values() for _, o in orcs]
+        pooled.setdefault((dataset, rate, recipe), []).append((run_gaps, floor))
+        if args.markdown and run_gaps and floor:
+            controls = [avg_gap(before, o) for _, before in g["runs"].values() for _, o in orcs]
+            fmt = lambda m: f"{m['TA']:.2f} / {m['FA']:.2f} / {m['MIA']:.2f}"  # noqa: E731
+            rows.setdefault((dataset, rate, recipe), []).append(
+                f"| {split} | " + "; ".join(f"t{t}: {fmt(a)}" for t, (a, _) in sorted(g["runs"].items()))
+                + " | " + "; ".join(f"t{t}: {fmt(o)}" for t, o in orcs)
+                + f" | {' '.join(f'{x:.2f}' for x in run_gaps)} | **{np.mean(run_gaps):.2f}** | "
+                f"{' '.join(f'{x:.2f}' for x in floor)} | {np.mean(floor):.2f} | {np.mean(controls):.2f} |")
+    for (dataset, rate, recipe), lines in sorted(rows.items()):
+        print(f"\n{dataset}, {100 * rate:g}%, recipe {recipe if recipe != '{}' else 'shipped'}:\n\n"
+              "| split | runs (training seed: TA / FA / MIA after deletion) | M-oracles (training seed: TA / FA / MIA) "
+              "| run vs oracle (each run x each oracle) | mean | noise floor (oracle pairs) | mean floor | "
+              "no unlearning (mean) |\n|---|---|---|---|---|---|---|---|")
+        print("\n".join(lines))
     print("\npooled over splits (the goal: run vs oracle within the noise floor + 0.3):")
     for (dataset, rate, recipe), cells in sorted(pooled.items()):
         gaps = [x for run_gaps, _ in cells for x in run_gaps]
@@ -260,7 +275,8 @@ def main() -> None:
     s.add_argument("oracle")
     s.add_argument("names", nargs="*")
     s.add_argument("--recipe", required=True, help="a run of this split trained with training seed = split seed")
-    sub.add_parser("gaps", help="the cheap attack's Avg Gaps of every run, oracle pair and undeleted run")
+    gp = sub.add_parser("gaps", help="the cheap attack's Avg Gaps of every run, oracle pair and undeleted run")
+    gp.add_argument("--markdown", action="store_true", help="also print one markdown table per dataset, rate and recipe")
     args = ap.parse_args()
     ROOT.mkdir(parents=True, exist_ok=True)
     {"train": train, "compare": compare, "strong": strong, "gaps": gap_table}[args.cmd](args)
