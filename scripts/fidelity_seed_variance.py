@@ -220,15 +220,16 @@ def gap_table(args: argparse.Namespace) -> None:
                   f"no unlearning {' / '.join(f'{x:.2f}' for x in control)} (MIA {before['MIA']:.2f}{tprs(before)})")
         if any(TPR_KEYS[0] in o for _, o in orcs):
             print("  M-oracles' TPR at low FPR: " + "; ".join(f"t{t}{tprs(o)}" for t, o in orcs))
-        pairs = [(after, o) for after, _ in g["runs"].values() for _, o in orcs]
+        runs = [run for _, run in sorted(g["runs"].items())]  # (after deletion, as trained), by training seed
+        pairs = [(after, o) for after, _ in runs for _, o in orcs]
         if pairs:  # which metric the run-vs-oracle gap is made of (each |difference| / 4 adds to the Avg Gap)
             print("  mean |run - oracle|: " + ", ".join(
                 f"{c} {np.mean([abs(a[c] - o[c]) for a, o in pairs]):.2f}" for c in ("TA", "RA", "FA", "MIA"))
                   + f"; run - oracle TA {np.mean([a['TA'] - o['TA'] for a, o in pairs]):+.2f}")
-        run_gaps = [avg_gap(after, o) for after, _ in g["runs"].values() for _, o in orcs]
+        run_gaps = [avg_gap(after, o) for after, _ in runs for _, o in orcs]  # in the order of the runs column
         pooled.setdefault((dataset, rate, recipe), []).append((run_gaps, floor))
         if args.markdown and run_gaps and floor:
-            controls = [avg_gap(before, o) for _, before in g["runs"].values() for _, o in orcs]
+            controls = [avg_gap(before, o) for _, before in runs for _, o in orcs]
             fmt = lambda m: f"{m['TA']:.2f} / {m['FA']:.2f} / {m['MIA']:.2f}"  # noqa: E731
             rows.setdefault((dataset, rate, recipe), []).append(
                 f"| {split} | " + "; ".join(f"t{t}: {fmt(a)}" for t, (a, _) in sorted(g["runs"].items()))
