@@ -192,10 +192,12 @@ def gap_table(args: argparse.Namespace) -> None:
     against each other (the noise floor) and the undeleted run (the positive control), from results.jsonl.
     Models are grouped by dataset, forget rate, split and recipe (their --set), so names are free."""
     from munkey_core.eval.metrics import avg_gap
+    from munkey_core.eval.floors import relabelling_test
 
     groups: dict[tuple[str, float, int, str], dict] = {}  # (dataset, rate, split seed, recipe) -> runs, oracles
     pooled: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (run-vs-oracle gaps, floor)
     rows: dict[tuple[str, float, str], list[str]] = {}  # (dataset, rate, recipe) -> markdown rows, one per split
+    split_cells: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (runs after deletion, oracles)
     for line in (ROOT / "results.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
@@ -228,6 +230,7 @@ def gap_table(args: argparse.Namespace) -> None:
                   + f"; run - oracle TA {np.mean([a['TA'] - o['TA'] for a, o in pairs]):+.2f}")
         run_gaps = [avg_gap(after, o) for after, _ in runs for _, o in orcs]  # in the order of the runs column
         pooled.setdefault((dataset, rate, recipe), []).append((run_gaps, floor))
+        split_cells.setdefault((dataset, rate, recipe), []).append(([after for after, _ in runs], [o for _, o in orcs]))
         if args.markdown and run_gaps and floor:
             controls = [avg_gap(before, o) for _, before in runs for _, o in orcs]
             fmt = lambda m: f"{m['TA']:.2f} / {m['FA']:.2f} / {m['MIA']:.2f}"  # noqa: E731
@@ -254,6 +257,11 @@ def gap_table(args: argparse.Namespace) -> None:
               f"{np.mean(floors):.2f} (n={len(floors)}, {min(floors):.2f}-{max(floors):.2f}): "
               f"{np.mean(gaps) - np.mean(floors):+.2f}; splits within floor + 0.3: {within} of "
               f"{sum(1 for r, f in cells if r and f)}")
+        usable = [(r, o) for r, o in split_cells[(dataset, rate, recipe)] if r and len(o) >= 2]
+        test = relabelling_test(usable)
+        print(f"    runs exchangeable with their oracles? relabelling p = {test['p']:.3f} "
+              f"({'all' if test['exact'] else 'a sample of'} {test['relabellings']} relabellings within splits; "
+              f"small p: the deletion is distinguishable from retraining)")
 
 
 def main() -> None:

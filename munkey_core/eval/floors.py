@@ -1,0 +1,88 @@
+"""Is a deletion distinguishable from retraining? Run-vs-oracle gaps against the oracle-vs-oracle floor.
+
+A fidelity cell is one data split with models of two kinds that differ only in their training seed:
+runs measured after the deletion and M-oracles retrained without the deleted samples. Its noise floor
+is the Avg Gap between oracles; the run is "as if never trained on" (for these metrics) when its Avg
+Gap to the oracles is no larger than that.
+
+`floor_excess` is the pooled figure the docs report: the mean run-vs-oracle gap minus the mean
+oracle-pair gap, over every cell. `relabelling_test` asks whether that excess is more than chance:
+under the null hypothesis that a run after deletion is one more draw of the retraining (the runs and
+the oracles of a cell are exchangeable), relabelling which models of each cell are the runs leaves
+the excess's distribution unchanged; the p-value is the share of relabellings whose excess is at
+least the observed one (the observed labelling included, so p >= 1 / number of relabellings; with as
+many runs as oracles, swapping the two groups of a split keeps its run-vs-oracle gaps, so p can reach
+that bound only when the runs vary less among themselves than the oracles do). Every
+relabelling is enumerated when there are few (three runs and three oracles on three splits: 20^3 =
+8,000), else `max_draws` random ones are drawn. Models keep their split: a relabelling never mixes
+splits, whose test sets and forget sets differ.
+
+Tests: tests/eval/test_floors.py (against a direct enumeration over subsets; a shifted run as the
+positive control; exchangeable draws as the null).
+"""
+
+from __future__ import annotations
+
+import itertools
+from math import comb
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from munkey_core.eval.metrics import GAP_KEYS, avg_gap
+
+Metrics = Mapping[str, float]
+Cell = tuple[Sequence[Metrics], Sequence[Metrics]]  # (runs after deletion, M-oracles) of one data split
+
+
+def floor_excess(cells: Sequence[Cell], keys: tuple[str, ...] = GAP_KEYS) -> tuple[float, float]:
+    """(mean run-vs-oracle Avg Gap, mean oracle-pair Avg Gap) over every pair of every cell."""
+    cross = [avg_gap(r, o, keys) for runs, oracles in cells for r in runs for o in oracles]
+    within = [avg_gap(a, b, keys) for _, oracles in cells for a, b in itertools.combinations(oracles, 2)]
+    if not cross or not within:
+        raise ValueError("every cell needs a run and two oracles, and at least one cell: nothing to compare")
+    return float(np.mean(cross)), float(np.mean(within))
+
+
+def _cell_sums(runs: Sequence[Metrics], oracles: Sequence[Metrics],
+               keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For every choice of which len(runs) of the cell's models are the runs: (sum of run-vs-oracle gaps,
+    sum of oracle-pair gaps). Index 0 is the observed labelling."""
+    models = list(runs) + list(oracles)
+    m, r = len(models), len(runs)
+    gap = np.array([[avg_gap(a, b, keys) for b in models] for a in models])  # (m, m), symmetric
+    cross, within = [], []
+    for chosen in itertools.combinations(range(m), r):  # the first is range(r): the observed labelling
+        rest = [i for i in range(m) if i not in chosen]
+        cross.append(gap[np.ix_(chosen, rest)].sum())
+        within.append(sum(gap[a, b] for a, b in itertools.combinations(rest, 2)))
+    return np.array(cross), np.array(within)
+
+
+def relabelling_test(cells: Sequence[Cell], keys: tuple[str, ...] = GAP_KEYS, max_draws: int = 100_000,
+                     seed: int = 0) -> dict:
+    """Permutation test of "the runs after deletion are exchangeable with their oracles" (module docstring).
+
+    Returns {"gap": mean run-vs-oracle gap, "floor": mean oracle-pair gap, "excess": gap - floor,
+    "p": the one-sided p-value, "relabellings": how many were compared, "exact": all of them or a sample}."""
+    gap, floor = floor_excess(cells, keys)
+    n_cross = sum(len(r) * len(o) for r, o in cells)
+    n_within = sum(comb(len(o), 2) for _, o in cells)
+    per_cell = []  # per cell: the excess each relabelling contributes, index 0 observed
+    for runs, oracles in cells:
+        cross, within = _cell_sums(runs, oracles, keys)
+        per_cell.append(cross / n_cross - within / n_within)
+    observed = sum(c[0] for c in per_cell)
+    total = int(np.prod([len(c) for c in per_cell], dtype=np.float64))
+    tol = 1e-9  # equal excesses count as "at least as large" despite float summation order
+    if total <= max_draws:
+        grid = np.zeros(1)
+        for c in per_cell:  # every combination of one relabelling per cell: (total,)
+            grid = (grid[:, None] + c[None, :]).ravel()
+        p, exact, count = float(np.mean(grid >= observed - tol)), True, total
+    else:
+        rng = np.random.default_rng(seed)
+        draws = sum(c[rng.integers(0, len(c), size=max_draws)] for c in per_cell)
+        p = float((1 + np.sum(draws >= observed - tol)) / (1 + max_draws))
+        exact, count = False, max_draws
+    return {"gap": gap, "floor": floor, "excess": gap - floor, "p": p, "relabellings": count, "exact": exact}
