@@ -258,6 +258,8 @@ def gap_table(args: argparse.Namespace) -> None:
               f"{np.mean(gaps) - np.mean(floors):+.2f}; splits within floor + 0.3: {within} of "
               f"{sum(1 for r, f in cells if r and f)}")
         usable = [(r, o) for r, o in split_cells[(dataset, rate, recipe)] if r and len(o) >= 2]
+        if not usable:  # the runs and the oracle pairs are on different splits: nothing to relabel
+            continue
         test = relabelling_test(usable)
         print(f"    runs exchangeable with their oracles? relabelling p = {test['p']:.3f} "
               f"({'all' if test['exact'] else 'a sample of'} {test['relabellings']} relabellings within splits; "
