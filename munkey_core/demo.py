@@ -10,12 +10,27 @@ from pathlib import Path
 from munkey_core.run.paths import RunPaths
 from munkey_core.service import MunkeyRun, train_run
 from munkey_core.data.sampling import random_ids
+from munkey_core.eval.verdicts import forgetting_verdicts
 
 
 def _row(name: str, before: dict, after: dict) -> str:
     def f(v):
         return "    -" if v is None else f"{v:6.2f}"
     return f"  {name:<4} {f(before.get(name))}  ->  {f(after.get(name))}"
+
+
+def _receipt_verdicts(evidence: dict, n_test: int | None) -> list[str]:
+    """The receipt's reading of the deleted samples, in words: their FA against unseen test samples of the
+    same classes and their MIA against 50, each with its verdict (eval/verdicts.py), and what it cannot show."""
+    after = {"FA": evidence.get("request_FA_after"), "MIA": evidence.get("request_MIA"),
+             "n_forget": evidence.get("ids_checked"), "n_test": n_test}
+    found = forgetting_verdicts(after, fa_target=evidence.get("TA_same_classes"),
+                                fa_target_label="on unseen test samples of the same classes")
+    lines = ["\nthe receipt's reading of the deleted samples:"]
+    lines += [f"  {v['metric']}: {v['verdict']}. {v['reason']}" for v in found]
+    lines.append("  (on average like unseen samples; whether the model matches one retrained without them is "
+                 "what `munkey evaluate RUN --oracle` measures)")
+    return lines
 
 
 def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: str = "auto",
@@ -35,8 +50,9 @@ def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: 
     image, label = ds.test.images[:1], int(ds.test.labels[0])
     pred = run.predict_images(list(image))
     names = run.class_names
+    right = "right" if int(pred.labels[0]) == label else "wrong"
     print_fn(f"\ntest sample {int(ds.test.ids[0])} (true class {names[label]}): predicted "
-             f"{names[int(pred.labels[0])]} with confidence {pred.confidence[0]:.3f}; evidence:")
+             f"{names[int(pred.labels[0])]} ({right}) with confidence {pred.confidence[0]:.3f}; evidence:")
     for n in pred.neighbours(0):
         print_fn(f"  training case {n.id:>5}  label {names[n.label]:>3}  similarity {n.similarity:.3f}  "
                  f"weight {n.weight:.3f}  votes {names[n.predicted]}")
@@ -53,4 +69,7 @@ def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: 
     for name in ("TA", "RA", "FA", "MIA"):
         print_fn(_row(name, before, after))
     print_fn(f"  Ps   {before['Ps']:6.3f}  ->  {after['Ps']:6.3f}")
+    if res is not None:
+        for line in _receipt_verdicts(res.entry.get("evidence") or {}, after.get("n_test")):
+            print_fn(line)
     return {"before": before, "after": after, "deleted": [] if res is None else res.deleted}
