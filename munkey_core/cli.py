@@ -546,6 +546,12 @@ def cmd_unact(args: argparse.Namespace) -> int:
             f"in {req.seconds:.3f} s\n  Af {req.before.Af:.2f} -> {req.after.Af:.2f}   Ar {req.before.Ar:.2f} -> "
             f"{req.after.Ar:.2f}   Delta " + (f"{req.delta:.2f} (oracle Af {req.oracle.Af:.2f}, Ar {req.oracle.Ar:.2f})"
                                                if req.oracle else "- (no class oracle: add --train-oracle)"))
+    v = editor.af_verdict(req)
+    row["verdict"] = v["verdict"]
+    text += f"\n  verdict on the class: {v['verdict']}. {v['reason']}" + (" The class is not gone." if v["verdict"] == "not yet" else "")
+    if req.details.get("stop_reason") == "all rounds" and v["verdict"] != "forgotten":
+        text += (f"\n  ran all its {req.details.get('rounds', 0)} round(s) without its stop rule finding the class forgotten; "
+                 "a request with more of the class's images, or --k higher, may take it further")
     if req.details.get("stop_reason") == "retain guard":
         text += (f"\n  stopped by the retain guard after {req.details.get('rounds', 0)} round(s): one more would have cost "
                  f"the kept classes on their probe more than {guard_limits(req.details)}, so it was undone. The request's "

@@ -21,7 +21,6 @@ from munkey_core.run.loaded import classifier_runs_in
 from munkey_core.training.classifier import RESNET_PROFILES, train_classifier_run
 from munkey_core.errors import MunkeyError
 from munkey_core.dashboard.views import TrainingJob, credential_gate
-from munkey_core.eval.verdicts import verdict
 from pages._common import (IMAGE_TYPES, ROOT, configured_token, decoded_uploads, fmt, require_run, run_dir,
                            user_errors)
 
@@ -186,11 +185,7 @@ m[2].metric("Delta vs the class oracle", fmt(req.delta) if req.delta is not None
 m[3].metric("Edit time", f"{req.seconds:.2f} s",
             help="The unlearning edit itself. The whole request, with the accuracy measurements before and after and "
                  "any comparisons, took the time shown below.")
-n_cls = int((job.editor.dataset.test.labels[job.editor.test_index] == req.cls).sum())
-af_target = req.oracle.Af if req.oracle is not None else 0.0
-v = verdict("Af", req.after.Af, af_target, n=n_cls,
-            target_label="(the class oracle: the same recipe trained without the class)" if req.oracle is not None
-            else "(a model that never learnt the class scores 0 on it)")
+v = job.editor.af_verdict(req)
 {"forgotten": st.success, "not yet": st.error}.get(v["verdict"], st.warning)(
     f"Verdict on class {req.cls} · {job.editor.class_names[req.cls]}: **{v['verdict']}**. {v['reason']}"
     + (" The class is not gone." if v["verdict"] == "not yet" else ""), icon=":material/balance:")

@@ -79,6 +79,7 @@ def test_unact_cli_writes_a_new_run_with_delta_and_leaves_the_original(resnet_ru
     row = json.loads(text)
     assert row["class"] == 3 and row["pseudo_label"] == 3 and row["n"] == 25
     assert row["Af"] < row["Af_before"] - 30 and row["Delta"] is not None
+    assert row["verdict"] in ("forgotten", "not yet", "cannot tell")
     assert row["Delta"] == pytest.approx(abs(row["Ar"] - row["Ar_oracle"]) + abs(row["Af"] - row["Af_oracle"]))
     assert file_digests(resnet_run, exclude=("oracles",)) == before  # original untouched (its oracle cache grew)
     edited = ClassifierRun(out, device="cpu")
@@ -164,6 +165,26 @@ def test_munkey_guard_stop_says_what_it_measured(tiny_run: Path, capsys) -> None
     assert f" of {n} image(s) still predicted as " in line and "(below 20.0 %)" in line  # the tail: 2 x chance
     af = float(text.split("Af ")[1].split(" -> ")[1].split()[0])
     assert f"Test Af {af:.2f} %" in line
+    # the verdict: with no class oracle the target is 0, so any test image still given the class reads "not yet"
+    verdict_line = next(x for x in text.splitlines() if "verdict on the class:" in x)
+    if af > 0:
+        assert "verdict on the class: not yet." in verdict_line and "The class is not gone." in verdict_line
+    else:
+        assert "not yet" not in verdict_line
+
+
+def test_a_request_that_runs_out_of_rounds_says_the_class_is_not_gone(resnet_run: Path, capsys) -> None:
+    """One round of UnAct on the ResNet leaves most of class 3: the CLI says the rounds ran out, and its
+    verdict is "not yet" (Af above 0 on the class's test images)."""
+    code, text, err = run_cli(capsys, "unact", str(resnet_run), "--class", "3", "--n", "25", "--k", "1",
+                              "--no-save", "--json")
+    assert code == 0, err
+    row = json.loads(text)
+    assert row["stop_reason"] == "all rounds" and row["rounds"] == 1 and row["Af"] > 20
+    assert row["verdict"] == "not yet"
+    code, text, err = run_cli(capsys, "unact", str(resnet_run), "--class", "3", "--n", "25", "--k", "1", "--no-save")
+    assert "verdict on the class: not yet." in text and "The class is not gone." in text
+    assert "ran all its 1 round(s) without its stop rule finding the class forgotten" in text
 
 
 def test_mask_suppresses_the_output_and_changes_nothing_else(tiny_run: Path, tiny_classifier_runs) -> None:
