@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from munkey_core.config import PROFILES
 from munkey_core.data import datasets as data_mod
 from munkey_core.data.sampling import random_ids
 from munkey_core.eval.oracles import TPR_KEYS, eval_sets, measure, munkey_scorer
@@ -59,12 +60,24 @@ ROOT = Path(os.environ.get("SEEDVAR_DIR", "runs/seedvar"))
 RATE = 0.1  # the bench's forget fraction
 
 
+# the cpu profile's per-dataset recipe (config.py `dataset_recipe`) before 2026-12-04, when digits added
+# absent_target_mix 0.25: results.jsonl lines of that time record only their --set, on top of this
+RECIPE_BEFORE_2026_12_04 = {"digits": {"augment_shift": 0.2}}
+
+
+def effective_recipe(r: dict) -> dict:
+    """A results.jsonl line's recipe: the profile's dataset recipe of its time with its --set on top."""
+    if "recipe" in r:
+        return r["recipe"]
+    return {**RECIPE_BEFORE_2026_12_04.get(r.get("dataset", "digits"), {}), **r.get("set", {})}
+
+
 def excluded_ids(split_seed: int, exclude: str, rate: float = RATE, dataset: str = "digits",
                  recipe: dict | None = None) -> list[int]:
     """The training ids left out: none, the forget set of this seed at `rate` (the bench's at 10%), or
     random `rate` number N. On the training split the run trains on: the cpu profile's recipe for
     `dataset` with `recipe`'s changes (its max_train subset, as train_run loads it)."""
-    from munkey_core.config import PROFILES, with_overrides
+    from munkey_core.config import with_overrides
     max_train = with_overrides(PROFILES["cpu"].train_for(dataset), recipe or {}).max_train or None
     ds = data_mod.load_dataset(dataset, seed=split_seed, max_train=max_train)
     if exclude == "none":
@@ -105,7 +118,7 @@ def train(args: argparse.Namespace) -> None:
     k, tau = run.train_cfg.k, run.train_cfg.tau
     keys = ("TA", "RA", "FA", "MIA", *TPR_KEYS)  # the cheap attack's AUC and its TPR at 1% / 0.1% FPR
     res = {"name": args.name, "dataset": args.dataset, "split_seed": args.split_seed, "train_seed": args.train_seed, "exclude": args.exclude,
-           "set": recipe, "rate": args.rate,
+           "set": recipe, "recipe": {**PROFILES["cpu"].dataset_recipe.get(args.dataset, {}), **recipe}, "rate": args.rate,
            "n_train": len(run.bank), "seconds": round(time.time() - t0)}
     m = measure(munkey_scorer(run.model, run.bank, run.dataset, run.split_keys, k, tau), run.dataset, sets)
     res["as_trained"] = {c: m[c] for c in keys}
@@ -187,10 +200,16 @@ def tprs(m: dict) -> str:
     return "".join(f", {k} {m[k]:.2f}" for k in TPR_KEYS if m.get(k) is not None)
 
 
+def shipped(dataset: str) -> str:
+    """The recipe `munkey train` gives `dataset` today, as gap_table keys it."""
+    return json.dumps(PROFILES["cpu"].dataset_recipe.get(dataset, {}), sort_keys=True)
+
+
 def gap_table(args: argparse.Namespace) -> None:
     """Per (dataset, rate, split, recipe): each run (forget set deleted) against every M-oracle of its recipe, the oracles
     against each other (the noise floor) and the undeleted run (the positive control), from results.jsonl.
-    Models are grouped by dataset, forget rate, split and recipe (their --set), so names are free."""
+    Models are grouped by dataset, forget rate, split and recipe (the profile's dataset recipe of their
+    time with their --set on top: `effective_recipe`), so names are free."""
     from munkey_core.eval.metrics import avg_gap
     from munkey_core.eval.floors import relabelling_test
 
@@ -202,7 +221,7 @@ def gap_table(args: argparse.Namespace) -> None:
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
             continue
-        recipe = json.dumps(r.get("set", {}), sort_keys=True)  # the recipe, whatever the names say
+        recipe = json.dumps(effective_recipe(r), sort_keys=True)  # the recipe, whatever the names say
         g = groups.setdefault((r.get("dataset", "digits"), r.get("rate", RATE), r["split_seed"], recipe), {"runs": {}, "oracles": {}})
         if r["exclude"] == "forget":
             g["oracles"][r["train_seed"]] = r["as_trained"]
@@ -211,7 +230,7 @@ def gap_table(args: argparse.Namespace) -> None:
     for (dataset, rate, split, recipe), g in sorted(groups.items()):
         orcs = sorted(g["oracles"].items())
         floor = [avg_gap(a, b) for i, (_, a) in enumerate(orcs) for _, b in orcs[i + 1:]]
-        print(f"{dataset}, {100 * rate:g}% forget set, split {split}, recipe {recipe if recipe != '{}' else 'shipped'}: M-oracles "
+        print(f"{dataset}, {100 * rate:g}% forget set, split {split}, recipe {recipe}{' (shipped)' if recipe == shipped(dataset) else ''}: M-oracles "
               + "; ".join(f"t{t} TA {o['TA']:.2f} FA {o['FA']:.2f} MIA {o['MIA']:.2f}" for t, o in orcs)
               + (f"; noise floor {' / '.join(f'{f:.2f}' for f in floor)}" if floor else ""))
         for t, (after, before) in sorted(g["runs"].items()):
