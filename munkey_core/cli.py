@@ -403,6 +403,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                     if floor is not None else "  (no noise floor: add --noise-floor N to retrain N more M-oracles)")
                  + f"\n(forget set {r['forget_set']}: {r['n_forget']} ids; oracle {r['oracle_path']}; "
                    f"MIA: {r['MIA_attack']})")
+        from munkey_core.eval.floors import gap_verdict
+
+        v = gap_verdict(r["AvgGap"], floor, len(r["noise_floor"]["oracles"]))
+        r["verdict"] = v
+        text += f"\nverdict: {v['verdict']}. {v['reason']}"
         _emit(r, args.json, text)
         return 0
     m = run.evaluate(max_samples=args.max_samples, seed=args.seed)

@@ -19,7 +19,8 @@ import hashlib
 
 from munkey_core.dashboard.trust import find_copies
 from munkey_core.dashboard.views import (DeletionJob, classify_ids, credential_gate, display_image, ids_from_bytes,
-                                         metrics_table, similar_training_samples, training_images, unknown_ids_message)
+                                         metrics_table, oracle_check, similar_training_samples, training_images,
+                                         unknown_ids_message)
 from munkey_core.eval.verdicts import FORGOTTEN, NOT_YET
 from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, copy_index_for, decoded_uploads, fmt,
                            require_run, thumbnail_grid, user_errors)
@@ -105,6 +106,45 @@ def _deletion_progress(job: DeletionJob) -> None:
                    "and the retrieval check) takes longer. The page stays usable.")
     if job.state != "running":
         st.rerun(scope="app")
+
+
+def show_oracle_check() -> None:
+    """The deletions so far against a model retrained without them, where one was trained (nothing is
+    trained here): the gaps, the noise floor of models retrained with other seeds, and the verdict."""
+    st.subheader("Compared with a model retrained without the deleted samples")
+    n_del = len(run.forgotten_ids)
+    if n_del == 0:
+        st.caption("Nothing is deleted yet.")
+        return
+    deleted_sig = hashlib.sha256(repr(sorted(run.forgotten_ids)).encode()).hexdigest()
+    check = st.session_state.get("oracle_check")
+    if check is not None and check.get("deleted") != deleted_sig:
+        check = None  # the deletions changed since it was measured
+    if check is None:
+        st.write(f"The verdicts above compare the {n_del} deleted sample(s) with unseen samples: that the model "
+                 "treats them on average like data it never saw. Whether it matches a model that never saw them "
+                 "needs that model (an M-oracle: the same recipe retrained without them) and its noise floor.")
+        if st.button("Compare with the retrained model", key="oracle_compare", icon=":material/compare:"):
+            with st.spinner("Measuring this model and the retrained ones on the same samples..."), user_errors():
+                found = oracle_check(run)
+                st.session_state["oracle_check"] = {"deleted": deleted_sig, "result": found}
+                st.rerun()
+        return
+    found = check["result"]
+    if found is None:
+        st.info(f"No model retrained without exactly these {n_del} deletion(s) exists yet, so this page cannot "
+                "tell whether the model matches one that never saw them. `munkey evaluate RUN --oracle "
+                "--noise-floor 2` trains it and two more with other training seeds (minutes on the CPU profile); "
+                "this section then shows the gaps and the noise floor.", icon=":material/help:")
+        return
+    show, icon = VERDICT_STYLE.get(found["verdict"], (st.warning, ":material/help:"))
+    show(f"Verdict against retraining: **{found['verdict']}**. {found['reason']}", icon=icon)
+    table = pd.DataFrame(found["rows"])
+    for col in ("TA", "RA", "FA", "MIA", "Avg Gap to the M-oracle"):
+        table[col] = [fmt(v) for v in table[col]]
+    st.dataframe(table, hide_index=True)
+    st.caption(f"{found['n_forget']} deleted samples (forget set {found['forget_set']}). Avg Gap: the mean of the "
+               f"four absolute differences to the M-oracle. MIA: {found['MIA_attack']}. The bar: noise floor + 0.3.")
 
 
 # A deletion finished in the background: keep its summary, drop the job (before anything is drawn, so the
@@ -259,3 +299,6 @@ if st.button(f"Delete {n} sample(s)", type="primary", key="delete", disabled=not
 
 if not job_running and "deletion_summary" in st.session_state:
     show_summary(st.session_state["deletion_summary"])
+
+if not job_running:
+    show_oracle_check()

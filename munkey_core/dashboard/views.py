@@ -354,6 +354,28 @@ def metrics_table(before: dict, after: dict) -> list[dict]:
     return rows
 
 
+def oracle_check(run: MunkeyRun, *, max_samples: int = 2000) -> dict | None:
+    """The run against the M-oracle already trained for its current deletions (and the noise-floor oracles
+    of other seeds that exist): a table of rows (model, TA, RA, FA, MIA), the Avg Gap, the floor and the
+    verdict in words (eval/floors.py `gap_verdict`). Trains nothing; None when no such oracle exists
+    (`munkey evaluate RUN --oracle --noise-floor 2` trains them)."""
+    from munkey_core.eval.floors import gap_verdict
+    from munkey_core.eval.oracles import stored_oracle_comparison
+
+    r = stored_oracle_comparison(run, max_samples=max_samples)
+    if r is None:
+        return None
+    floor_models = r["noise_floor"]["oracles"]
+    models = [("this model, after the deletions", r["run"], None), ("retrained without them (M-oracle)", r["oracle"], 0.0)]
+    models += [(f"retrained, training seed {f['train_seed']} (noise floor)", f["metrics"], f["AvgGap"]) for f in floor_models]
+    models[0] = (models[0][0], models[0][1], r["AvgGap"])
+    rows = [{"model": name, **{k: m.get(k) for k in ("TA", "RA", "FA", "MIA")}, "Avg Gap to the M-oracle": gap}
+            for name, m, gap in models]
+    return {"rows": rows, "AvgGap": r["AvgGap"], "floor": r["noise_floor"]["AvgGap"], "n_floor": len(floor_models),
+            "n_forget": r["n_forget"], "forget_set": r["forget_set"], "MIA_attack": r["MIA_attack"],
+            **gap_verdict(r["AvgGap"], r["noise_floor"]["AvgGap"], len(floor_models))}
+
+
 # --------------------------------------------------------------------------- audit
 
 

@@ -5,7 +5,9 @@ runs measured after the deletion and M-oracles retrained without the deleted sam
 is the Avg Gap between oracles; the run is "as if never trained on" (for these metrics) when its Avg
 Gap to the oracles is no larger than that.
 
-`floor_excess` is the pooled figure the docs report: the mean run-vs-oracle gap minus the mean
+`gap_verdict` reads one run's Avg Gap to its M-oracle against the floor in words (the dashboard's and
+`munkey evaluate --oracle`'s reading): within floor + 0.3 (issue 17's bar) or not, or "cannot tell"
+without a floor. `floor_excess` is the pooled figure the docs report: the mean run-vs-oracle gap minus the mean
 oracle-pair gap, over every cell. `relabelling_test` asks whether that excess is more than chance:
 under the null hypothesis that a run after deletion is one more draw of the retraining (the runs and
 the oracles of a cell are exchangeable), relabelling which models of each cell are the runs leaves
@@ -30,9 +32,36 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from munkey_core.eval.metrics import GAP_KEYS, avg_gap
+from munkey_core.eval.verdicts import CANNOT_TELL, FORGOTTEN, NOT_YET, finite_number
+
+GAP_MARGIN = 0.3  # Avg Gap points over the noise floor still read as retraining chance (issue 17's bar)
 
 Metrics = Mapping[str, float]
 Cell = tuple[Sequence[Metrics], Sequence[Metrics]]  # (runs after deletion, M-oracles) of one data split
+
+
+def gap_verdict(avg_gap_to_oracle: float | None, floor: float | None, n_floor: int = 0,
+                margin: float = GAP_MARGIN) -> dict:
+    """A run's Avg Gap to its M-oracle against the noise floor (mean Avg Gap of `n_floor` oracles of other
+    training seeds to the same M-oracle), in words: {"verdict", "reason", "bar"}. "forgotten" when the gap
+    is within floor + margin, "not yet" above it, "cannot tell" without a measured gap or floor."""
+    if not finite_number(avg_gap_to_oracle):
+        return {"verdict": CANNOT_TELL, "bar": None,
+                "reason": "The gap to the retrained model was not measured."}
+    if not finite_number(floor) or n_floor <= 0:
+        return {"verdict": CANNOT_TELL, "bar": None,
+                "reason": f"Avg Gap {avg_gap_to_oracle:.2f} to the retrained model, but no noise floor (models retrained "
+                          "with other seeds) to say how much of it retraining chance alone gives."}
+    bar = float(floor) + margin
+    what = (f"Avg Gap {avg_gap_to_oracle:.2f} to the retrained model; retrained models differ by {floor:.2f} among "
+            f"themselves ({n_floor} of other seeds)")
+    if avg_gap_to_oracle <= bar:
+        return {"verdict": FORGOTTEN, "bar": bar,
+                "reason": f"{what}: within that noise + {margin:.1f}, as if never trained on, for these measures."
+                          + (" One other seed is a thin floor." if n_floor == 1 else "")}
+    return {"verdict": NOT_YET, "bar": bar,
+            "reason": f"{what}: {avg_gap_to_oracle - bar:.2f} over that noise + {margin:.1f}, so the model still "
+                      "differs from one that never saw the deleted samples by more than retraining chance."}
 
 
 def floor_excess(cells: Sequence[Cell], keys: tuple[str, ...] = GAP_KEYS) -> tuple[float, float]:

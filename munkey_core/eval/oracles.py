@@ -225,6 +225,22 @@ def _cached_measure(path: Path, score: Callable[[], Scorer], ds, sets: EvalSets,
     return metrics
 
 
+def stored_oracle_comparison(run, *, max_samples: int = 2000, seed: int = 0, max_floor: int = 5) -> dict | None:
+    """`evaluate_against_oracle` with only the oracles already trained for the run's current forget set (the
+    M-oracle and the first noise-floor oracles that exist, up to `max_floor`): trains nothing, so a screen can
+    offer it. None when nothing is deleted or no M-oracle exists for exactly these deletions."""
+    forget_ids = run.forgotten_ids
+    if not forget_ids or not RunPaths(oracle_path(run.paths.root, forget_ids, "munkey")).config.exists():
+        return None
+    n = 0
+    for s in floor_seeds(run.train_cfg.seed, max_floor):
+        if not RunPaths(oracle_path(run.paths.root, forget_ids, "munkey", s)).config.exists():
+            break
+        n += 1
+    return evaluate_against_oracle(run, max_samples=max_samples, seed=seed, train_missing=False, noise_floor=n,
+                                   progress=False)
+
+
 def evaluate_against_oracle(run, *, max_samples: int = 2000, seed: int = 0, train_missing: bool = True,
                             noise_floor: int = 0, progress: bool = True) -> dict:
     """`munkey evaluate RUN --oracle`: the run and its M-oracle (same recipe retrained without every id

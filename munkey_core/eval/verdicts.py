@@ -28,7 +28,8 @@ Z95 = 1.959963984540054
 TOLERANCE = {"FA": 15.0, "MIA": 15.0, "Af": 10.0}  # widest half-interval (points) that still decides "forgotten"
 
 
-def _finite(x) -> bool:
+def finite_number(x) -> bool:
+    """A real, finite number (not None, nan or inf): what a verdict can be computed from."""
     return x is not None and isinstance(x, (int, float, np.floating, np.integer)) and math.isfinite(float(x))
 
 
@@ -76,13 +77,13 @@ def verdict(metric: str, value: float | None, target: float | None, *, n: int | 
     (AUC %, n forget vs n_ref unseen samples; target 50). Returns a JSON-ready dict: metric, value,
     target, target_label, interval, n, verdict, reason (one plain sentence)."""
     tol = TOLERANCE.get(metric, 15.0) if tolerance is None else tolerance
-    out = {"metric": metric, "value": float(value) if _finite(value) else None,
-           "target": float(target) if _finite(target) else None, "target_label": target_label,
+    out = {"metric": metric, "value": float(value) if finite_number(value) else None,
+           "target": float(target) if finite_number(target) else None, "target_label": target_label,
            "interval": None, "n": int(n) if n is not None else None, "verdict": CANNOT_TELL, "reason": ""}
-    if not _finite(value):
+    if not finite_number(value):
         out["reason"] = f"{metric} was not measured (nothing deleted yet, or no samples to measure it on)."
         return out
-    if not _finite(target):
+    if not finite_number(target):
         out["reason"] = f"{metric} = {value:.1f} %, but there is no target to compare it with ({target_label or 'none'})."
         return out
     if not n:

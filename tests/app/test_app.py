@@ -267,3 +267,32 @@ def test_selection_from_embeddings_prefills_the_deletion_form(tiny_run_template:
     _page(at, "deletions")
     assert at.text_area(key="ids_text").value == ", ".join(map(str, ids))
     assert "deletion_ids_prefill" not in at.session_state
+
+
+def test_deletions_page_compares_with_a_retrained_model_only_where_one_exists(tiny_run: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing deleted: nothing to compare. Deleted but no M-oracle: the page says it cannot tell and names
+    the command. With the M-oracle and one twin of another seed: the gaps, the floor and the verdict."""
+    from munkey_core.eval.oracles import evaluate_against_oracle
+    from munkey_core.service import MunkeyRun
+
+    at = _page(_app(monkeypatch, tiny_run, token=TOKEN), "deletions")
+    assert "Nothing is deleted yet." in _texts(at)
+    run = MunkeyRun(tiny_run, device="cpu")
+    run.forget([int(i) for i in run.bank.ids[:20]], operator="t", evaluate=False)
+    at = _page(_app(monkeypatch, tiny_run, token=TOKEN), "deletions")
+    at.button(key="oracle_compare").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "cannot tell whether the model matches one that never saw them" in _texts(at)
+    assert "munkey evaluate RUN --oracle --noise-floor 2" in _texts(at)
+    want = evaluate_against_oracle(MunkeyRun(tiny_run, device="cpu"), noise_floor=1, progress=False)
+    at = _page(_app(monkeypatch, tiny_run, token=TOKEN), "deletions")
+    at.button(key="oracle_compare").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = next(d.value for d in at.dataframe if "Avg Gap to the M-oracle" in d.value.columns)
+    assert len(shown) == 3 and shown["Avg Gap to the M-oracle"][0] == f"{want['AvgGap']:.2f}"
+    assert shown["Avg Gap to the M-oracle"][2] == f"{want['noise_floor']['AvgGap']:.2f}"
+    word = "forgotten" if want["AvgGap"] <= want["noise_floor"]["AvgGap"] + 0.3 else "not yet"
+    verdicts = [m.value for m in (*at.success, *at.error) if "Verdict against retraining" in m.value]
+    assert verdicts and f"**{word}**" in verdicts[0]
+    assert "nan" not in _texts(at) and "None" not in _texts(at)

@@ -115,3 +115,18 @@ def test_sampled_relabellings_agree_with_the_exact_p() -> None:
 def test_a_cell_without_an_oracle_pair_has_no_floor() -> None:
     with pytest.raises(ValueError, match="two oracles"):
         floor_excess([(DIGITS_10[0][0], DIGITS_10[0][1][:1])])
+
+
+def test_gap_verdict_reads_the_gap_against_floor_plus_margin() -> None:
+    """Within floor + 0.3: forgotten; above: not yet, by how much; no floor or no gap: cannot tell."""
+    from munkey_core.eval.floors import gap_verdict
+
+    assert gap_verdict(0.64, 0.79, 1)["verdict"] == "forgotten"  # the demo run: below its floor
+    assert gap_verdict(1.09, 0.79, 2)["verdict"] == "forgotten"  # 0.79 + 0.3 = 1.09: the edge is within
+    over = gap_verdict(1.42, 0.44, 3)
+    assert over["verdict"] == "not yet" and "0.68 over" in over["reason"] and over["bar"] == pytest.approx(0.74)
+    assert "thin floor" in gap_verdict(0.5, 0.6, 1)["reason"] and "thin floor" not in gap_verdict(0.5, 0.6, 2)["reason"]
+    for gap, floor, n in ((0.5, None, 0), (0.5, 0.4, 0), (None, 0.4, 2), (float("nan"), 0.4, 2), (0.5, float("nan"), 2)):
+        v = gap_verdict(gap, floor, n)
+        assert v["verdict"] == "cannot tell" and "nan" not in v["reason"] and "None" not in v["reason"]
+

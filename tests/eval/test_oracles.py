@@ -76,6 +76,24 @@ def test_evaluate_oracle_trains_once_and_reports_gaps(tiny_run: Path, capsys: py
     expect = sum(abs(twin["metrics"][k] - third["oracle"][k]) for k in ("TA", "RA", "FA", "MIA")) / 4
     assert twin["AvgGap"] == pytest.approx(expect) == third["noise_floor"]["AvgGap"]
     assert third["oracle"] == first["oracle"] and not third["oracle_trained"]
+    # the verdict: within floor + 0.3 or not, from the two numbers printed beside it
+    want = "forgotten" if third["AvgGap"] <= third["noise_floor"]["AvgGap"] + 0.3 else "not yet"
+    assert third["verdict"]["verdict"] == want and first["verdict"]["verdict"] == "cannot tell"
+    # what a screen reads: the stored oracles only (the M-oracle and its one twin), nothing trained
+    from munkey_core.eval.oracles import stored_oracle_comparison
+    from munkey_core.service import MunkeyRun
+
+    before = sorted(p.name for p in oracle.parent.iterdir())
+    stored = stored_oracle_comparison(MunkeyRun(tiny_run, device="cpu"), max_samples=0)
+    assert sorted(p.name for p in oracle.parent.iterdir()) == before
+    assert stored["oracle"] == third["oracle"] and stored["AvgGap"] == pytest.approx(third["AvgGap"])
+    assert [f["train_seed"] for f in stored["noise_floor"]["oracles"]] == [1000]
+    assert not any(f["trained"] for f in stored["noise_floor"]["oracles"]) and not stored["oracle_trained"]
+    # one more deletion: no oracle holds exactly these deletions, so there is nothing to compare with
+    more = [int(i) for i in bank_ids(tiny_run)[:1]]
+    assert main(["forget", str(tiny_run), "--ids", str(more[0]), "--operator", "t", "--no-evaluate", "--json"]) == 0
+    capsys.readouterr()
+    assert stored_oracle_comparison(MunkeyRun(tiny_run, device="cpu"), max_samples=0) is None
 
 
 def test_split_seed_fixes_the_data_while_the_training_seed_varies(cache_dir: Path, tmp_path: Path) -> None:
