@@ -66,10 +66,13 @@ RECIPE_BEFORE_2026_12_04 = {"digits": {"augment_shift": 0.2}}
 
 
 def effective_recipe(r: dict) -> dict:
-    """A results.jsonl line's recipe: the profile's dataset recipe of its time with its --set on top."""
-    if "recipe" in r:
-        return r["recipe"]
-    return {**RECIPE_BEFORE_2026_12_04.get(r.get("dataset", "digits"), {}), **r.get("set", {})}
+    """A results.jsonl line's recipe: the profile's dataset recipe of its time with its --set on top, less
+    the fields set to the profile's base value (so `--set absent_target_mix=0` today groups with the lines
+    trained before the mix existed)."""
+    recipe = r["recipe"] if "recipe" in r else {**RECIPE_BEFORE_2026_12_04.get(r.get("dataset", "digits"), {}),
+                                                **r.get("set", {})}
+    base = {**vars(PROFILES["cpu"].model), **vars(PROFILES["cpu"].train)}
+    return {k: v for k, v in recipe.items() if not (k in base and base[k] == v)}
 
 
 def excluded_ids(split_seed: int, exclude: str, rate: float = RATE, dataset: str = "digits",
