@@ -54,7 +54,7 @@ def gap_verdict(avg_gap_to_oracle: float | None, floor: float | None, n_floor: i
                           "with other seeds) to say how much of it retraining chance alone gives."}
     bar = float(floor) + margin
     what = (f"Avg Gap {avg_gap_to_oracle:.2f} to the retrained model; retrained models differ by {floor:.2f} among "
-            f"themselves ({n_floor} of other seeds)")
+            f"themselves ({n_floor} retrained with {'another seed' if n_floor == 1 else 'other seeds'})")
     if avg_gap_to_oracle <= bar:
         return {"verdict": FORGOTTEN, "bar": bar,
                 "reason": f"{what}: within that noise + {margin:.1f}, as if never trained on, for these measures."
