@@ -553,7 +553,7 @@ def cmd_unact(args: argparse.Namespace) -> int:
                                                if req.oracle else "- (no class oracle: add --train-oracle)"))
     v = editor.af_verdict(req)
     row["verdict"] = v["verdict"]
-    text += f"\n  verdict on the class: {v['verdict']}. {v['reason']}" + (" The class is not gone." if v["verdict"] == "not yet" else "")
+    text += f"\n  verdict on the class: {v['verdict']}. {v['reason']}"
     if req.details.get("stop_reason") == "all rounds" and v["verdict"] != "forgotten":
         text += (f"\n  ran all its {req.details.get('rounds', 0)} round(s) without its stop rule finding the class forgotten; "
                  "a request with more of the class's images, or --k higher, may take it further")

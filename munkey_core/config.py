@@ -159,7 +159,7 @@ PROFILES: dict[str, Profile] = {
         # oracle-pair floor of 0.55 over five splits, from 1.97 against 0.94; not yet within it. Stochastic
         # depth 0.1 was measured too and not adopted: forgetting_at_defaults.md, "Stochastic depth"). The
         # absent-target mix 0.25 looked better on the three splits it was chosen on and was no better on two
-        # held-out ones, for 1.5 points of test accuracy: not adopted (same file, "Two held-out splits")
+        # held-out ones, for 1.4 points of test accuracy: not adopted (same file, "Two held-out splits")
         dataset_recipe={"digits": {"augment_shift": 0.2}},
     ),
     "vit-tiny": Profile(

@@ -187,8 +187,8 @@ m[3].metric("Edit time", f"{req.seconds:.2f} s",
                  "any comparisons, took the time shown below.")
 v = job.editor.af_verdict(req)
 {"forgotten": st.success, "not yet": st.error}.get(v["verdict"], st.warning)(
-    f"Verdict on class {req.cls} · {job.editor.class_names[req.cls]}: **{v['verdict']}**. {v['reason']}"
-    + (" The class is not gone." if v["verdict"] == "not yet" else ""), icon=":material/balance:")
+    f"Verdict on class {req.cls} · {job.editor.class_names[req.cls]}: **{v['verdict']}**. {v['reason']}",
+    icon=":material/balance:")
 if req.details.get("stop_reason") == "retain guard":
     st.warning(f"The retain guard stopped this request after {req.details.get('rounds', 0)} rounds: the next round "
                "would have lowered the kept classes' accuracy on their probe (10 bank exemplars per kept class) by more "

@@ -21,6 +21,7 @@ from munkey_core.dashboard.trust import find_copies
 from munkey_core.dashboard.views import (DeletionJob, classify_ids, credential_gate, display_image, ids_from_bytes,
                                          metrics_table, oracle_check, similar_training_samples, training_images,
                                          unknown_ids_message)
+from munkey_core.eval.oracles import forget_tag
 from munkey_core.eval.verdicts import FORGOTTEN, NOT_YET
 from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, copy_index_for, decoded_uploads, fmt,
                            require_run, thumbnail_grid, user_errors)
@@ -116,7 +117,7 @@ def show_oracle_check() -> None:
     if n_del == 0:
         st.caption("Nothing is deleted yet.")
         return
-    deleted_sig = hashlib.sha256(repr(sorted(run.forgotten_ids)).encode()).hexdigest()
+    deleted_sig = forget_tag(run.forgotten_ids)
     check = st.session_state.get("oracle_check")
     if check is not None and check.get("deleted") != deleted_sig:
         check = None  # the deletions changed since it was measured

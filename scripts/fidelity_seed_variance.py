@@ -205,7 +205,7 @@ def tprs(m: dict) -> str:
 
 def shipped(dataset: str) -> str:
     """The recipe `munkey train` gives `dataset` today, as gap_table keys it."""
-    return json.dumps(PROFILES["cpu"].dataset_recipe.get(dataset, {}), sort_keys=True)
+    return json.dumps(effective_recipe({"recipe": PROFILES["cpu"].dataset_recipe.get(dataset, {})}), sort_keys=True)
 
 
 def gap_table(args: argparse.Namespace) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from munkey_core.data.sampling import stratified_sample
-from munkey_core.eval.verdicts import verdict
+from munkey_core.eval.verdicts import NOT_YET, verdict
 from munkey_core.errors import MunkeyError
 from munkey_core.forget.request import forget, open_recovered, start_derived_log
 from munkey_core.bank.memory import MemoryBank
@@ -244,12 +244,16 @@ class ClassEditor:
 
     def af_verdict(self, req: ClassRequest) -> dict:
         """The request's Af against its target, in words (eval/verdicts.py): the class oracle's Af when one
-        exists, else 0 (a model that never learnt the class), with the interval of the class's test images."""
+        exists, else 0 (a model that never learnt the class), with the interval of the class's test images;
+        a "not yet" reason ends by saying the class is not gone (the page and the CLI show it as is)."""
         n_cls = int((self.dataset.test.labels[self.test_index] == req.cls).sum())
         target = req.oracle.Af if req.oracle is not None else 0.0
-        return verdict("Af", req.after.Af, target, n=n_cls,
-                       target_label="(the class oracle: the same recipe trained without the class)" if req.oracle
-                       is not None else "(a model that never learnt the class scores 0 on it)")
+        v = verdict("Af", req.after.Af, target, n=n_cls,
+                    target_label="(the class oracle: the same recipe trained without the class)" if req.oracle
+                    is not None else "(a model that never learnt the class scores 0 on it)")
+        if v["verdict"] == NOT_YET:
+            v["reason"] += " The class is not gone."
+        return v
 
     # ----- oracles -------------------------------------------------------------------------
     def oracle_path(self, cls: int) -> Path:
