@@ -51,6 +51,7 @@ from munkey_core.training.torchfix import odd_batch_guard
 
 EpochCallback = Callable[[dict], None]
 _VAL_CAP = 1000  # validation samples scored per epoch (enough to follow the curve)
+_POSTFIX_EVERY = 50  # steps between the progress bar's loss readings
 
 
 @dataclass
@@ -81,12 +82,20 @@ def random_shift(x: torch.Tensor, fraction: float, gen: torch.Generator) -> torc
     if fraction <= 0:
         return x
     b = x.shape[0]
-    shift = (torch.rand(b, 2, generator=gen) * 2 - 1).to(x.device) * (2 * fraction)  # normalised coords
+    shift = to_device((torch.rand(b, 2, generator=gen) * 2 - 1), x.device) * (2 * fraction)  # normalised coords
     theta = torch.zeros(b, 2, 3, device=x.device, dtype=x.dtype)
     theta[:, 0, 0] = theta[:, 1, 1] = 1.0
     theta[:, :, 2] = shift
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` (drawn on the CPU from the seeded generator) on `device`. On a GPU through pinned memory and
+    without blocking, so a step's random draws do not make the host wait for the GPU's queue to drain."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def cosine_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
@@ -143,7 +152,8 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
     values = nn.Parameter(bank.values.clone())  # (N, Dv), row i = exemplar of bank.ids[i]
     groups = model.param_groups(cfg.weight_decay) + [{"params": [values], "weight_decay": cfg.weight_decay,
                                                       "lr": cfg.lr * cfg.exemplar_lr_scale}]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                            fused=device.type == "cuda" or None)  # one kernel per step on a GPU
     net: nn.Module = model
     if size > 1:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -189,7 +199,8 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
                 averaged.update_parameters(trained)
             stats += torch.stack([loss_sum.detach().double(), (logits.argmax(1) == y).sum().double()])
             bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{loss_sum.item() / len(part):.3f}")
+            if bar.n % _POSTFIX_EVERY == 0 and not bar.disable:  # .item() waits for the GPU: not every step
+                bar.set_postfix(epoch=epoch, loss=f"{loss_sum.item() / len(part):.3f}")
         if size > 1:
             dist.all_reduce(stats)
         bank.values = shipped.values.detach()
@@ -239,10 +250,11 @@ def _sample_tokens(values: torch.Tensor, idx: torch.Tensor, nbr_rows: torch.Tens
     """Exemplar vectors (B, Dv) for a batch, the pathway-dropout masks (B,), (B,) and the mask (B,) of
     samples whose own exemplar is absent while their image is present."""
     b = len(idx)
-    u = torch.rand(b, generator=gen).to(idx.device)
+    u = torch.rand(b, generator=gen)
+    use_nbrs = to_device(torch.rand(b, generator=gen) < cfg.p_retrieval, idx.device)
+    u = to_device(u, idx.device)
     drop_img = u < cfg.p_drop_image
     drop_tok = (u >= cfg.p_drop_image) & (u < cfg.p_drop_image + cfg.p_drop_token)
-    use_nbrs = (torch.rand(b, generator=gen) < cfg.p_retrieval).to(idx.device)
     own = values[idx]  # (B, Dv)
     mixed = (nbr_w[idx][..., None] * values.detach()[nbr_rows[idx]]).sum(dim=1)  # (B, Dv), stop-grad
     absent = (drop_tok | use_nbrs) & ~drop_img
