@@ -93,6 +93,22 @@ def test_pathway_dropout_rates() -> None:
     assert dt.float().mean().item() == pytest.approx(0.2, abs=0.015)
 
 
+def test_step_draws_follow_the_seeded_stream_in_a_fixed_order() -> None:
+    """A step draws its pathway uniform u (B,) and then its retrieval uniform r (B,) from the one seeded
+    CPU generator, whatever the device: the single-process and DDP recipes both replay this stream, so a
+    reordering would silently change every trained model. Replayed here with torch.rand alone."""
+    b, cfg = 64, TrainConfig(p_retrieval=0.5, p_drop_image=0.2, p_drop_token=0.3)
+    values = torch.arange(40.0).reshape(10, 4)
+    idx = torch.arange(b) % 10
+    rows, w = torch.tensor([[(i + 1) % 10] for i in range(10)]), torch.ones(10, 1)
+    token, di, dt, _ = _sample_tokens(values, idx, rows, w, cfg, torch.Generator().manual_seed(5))
+    replay = torch.Generator().manual_seed(5)
+    u, r = torch.rand(b, generator=replay), torch.rand(b, generator=replay)
+    assert torch.equal(di, u < 0.2) and torch.equal(dt, (u >= 0.2) & (u < 0.5))
+    expected = torch.where((r < 0.5)[:, None], values[rows[idx, 0]], values[idx])  # neighbour's row or own
+    assert torch.equal(token, expected)
+
+
 def test_cosine_schedule_warms_up_then_decays() -> None:
     f = cosine_schedule(100, 10)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
