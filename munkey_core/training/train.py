@@ -82,7 +82,7 @@ def random_shift(x: torch.Tensor, fraction: float, gen: torch.Generator) -> torc
     if fraction <= 0:
         return x
     b = x.shape[0]
-    shift = to_device((torch.rand(b, 2, generator=gen) * 2 - 1), x.device) * (2 * fraction)  # normalised coords
+    shift = to_device(torch.rand(b, 2, generator=gen) * 2 - 1, x.device) * (2 * fraction)  # normalised coords
     theta = torch.zeros(b, 2, 3, device=x.device, dtype=x.dtype)
     theta[:, 0, 0] = theta[:, 1, 1] = 1.0
     theta[:, :, 2] = shift
@@ -153,7 +153,7 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
     groups = model.param_groups(cfg.weight_decay) + [{"params": [values], "weight_decay": cfg.weight_decay,
                                                       "lr": cfg.lr * cfg.exemplar_lr_scale}]
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                            fused=device.type == "cuda" or None)  # one kernel per step on a GPU
+                            fused=True if device.type == "cuda" else None)  # one kernel per step on a GPU
     net: nn.Module = model
     if size > 1:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -171,7 +171,7 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
         t0 = time.perf_counter()
         model.train()
         stats = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct (this rank's shard)
-        for idx in torch.randperm(n, generator=gen).to(device).split(cfg.batch_size):
+        for idx in to_device(torch.randperm(n, generator=gen), device).split(cfg.batch_size):
             b = len(idx)
             x = random_shift(preprocess_images(images[idx], model_cfg.img_size), cfg.augment_shift, gen)
             token, drop_img, drop_tok, absent = _sample_tokens(values, idx, nbr_rows, nbr_w, cfg, gen)
@@ -250,11 +250,10 @@ def _sample_tokens(values: torch.Tensor, idx: torch.Tensor, nbr_rows: torch.Tens
     """Exemplar vectors (B, Dv) for a batch, the pathway-dropout masks (B,), (B,) and the mask (B,) of
     samples whose own exemplar is absent while their image is present."""
     b = len(idx)
-    u = torch.rand(b, generator=gen)
-    use_nbrs = to_device(torch.rand(b, generator=gen) < cfg.p_retrieval, idx.device)
-    u = to_device(u, idx.device)
+    u = to_device(torch.rand(b, generator=gen), idx.device)
     drop_img = u < cfg.p_drop_image
     drop_tok = (u >= cfg.p_drop_image) & (u < cfg.p_drop_image + cfg.p_drop_token)
+    use_nbrs = to_device(torch.rand(b, generator=gen) < cfg.p_retrieval, idx.device)
     own = values[idx]  # (B, Dv)
     mixed = (nbr_w[idx][..., None] * values.detach()[nbr_rows[idx]]).sum(dim=1)  # (B, Dv), stop-grad
     absent = (drop_tok | use_nbrs) & ~drop_img
