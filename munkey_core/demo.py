@@ -7,10 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from munkey_core.run.paths import RunPaths
 from munkey_core.service import MunkeyRun, train_run
 from munkey_core.data.sampling import random_ids
 from munkey_core.eval.verdicts import forgetting_verdicts
+from munkey_core.model.predict import Predictions
+
+EXAMPLE_POOL = 20  # test samples the demo's example is chosen from
 
 
 def _row(name: str, before: dict, after: dict) -> str:
@@ -33,6 +38,16 @@ def _receipt_verdicts(evidence: dict, n_test: int | None) -> list[str]:
     return lines
 
 
+def _example(run: MunkeyRun, n: int = EXAMPLE_POOL) -> tuple[int, Predictions]:
+    """The demo's example: the first of the first `n` test samples the model predicts correctly (a presenter
+    explains evidence on a right answer; the printed line says how many before it were wrong), else the first.
+    Returns its index in the test split and the predictions of those `n` samples."""
+    images = run.dataset.test.images[:n]
+    pred = run.predict_images(list(images))
+    right = np.flatnonzero(pred.labels == run.dataset.test.labels[:len(images)])
+    return (int(right[0]) if len(right) else 0), pred
+
+
 def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: str = "auto",
              print_fn=print) -> dict:
     """Run the demo end to end and return the before/after metrics and the deletion result."""
@@ -47,13 +62,15 @@ def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: 
              f"trained in {s['train_seconds']} s")
     before = run.evaluate(max_samples=0)
     ds = run.dataset
-    image, label = ds.test.images[:1], int(ds.test.labels[0])
-    pred = run.predict_images(list(image))
-    names = run.class_names
-    right = "right" if int(pred.labels[0]) == label else "wrong"
-    print_fn(f"\ntest sample {int(ds.test.ids[0])} (true class {names[label]}): predicted "
-             f"{names[int(pred.labels[0])]} ({right}) with confidence {pred.confidence[0]:.3f}; evidence:")
-    for n in pred.neighbours(0):
+    i, pred = _example(run)
+    label, names = int(ds.test.labels[i]), run.class_names
+    right = "right" if int(pred.labels[i]) == label else "wrong"
+    why = ("the first test sample" if i == 0 else
+           f"the first test sample it gets right; {'the one' if i == 1 else f'the {i}'} before it "
+           f"{'is' if i == 1 else 'are'} predicted wrongly")
+    print_fn(f"\ntest sample {int(ds.test.ids[i])} ({why}; true class {names[label]}): predicted "
+             f"{names[int(pred.labels[i])]} ({right}) with confidence {pred.confidence[i]:.3f}; evidence:")
+    for n in pred.neighbours(i):
         print_fn(f"  training case {n.id:>5}  label {names[n.label]:>3}  similarity {n.similarity:.3f}  "
                  f"weight {n.weight:.3f}  votes {names[n.predicted]}")
     res = None

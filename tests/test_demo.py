@@ -1,4 +1,5 @@
-"""`munkey demo` (munkey_core/demo.py) on a copy of the tiny run: the prediction says whether it is right,
+"""`munkey demo` (munkey_core/demo.py) on a copy of the tiny run: its example is the first test sample it gets
+right (and says how many before it were wrong), the prediction says whether it is right,
 the deletion takes the seeded 10%, and the closing lines read the receipt's evidence in words."""
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from munkey_core.service import MunkeyRun
 def test_demo_reports_its_prediction_deletion_and_receipt_reading(tiny_run: Path) -> None:
     run = MunkeyRun(tiny_run, device="cpu")
     ds = run.dataset
-    pred = int(run.predict_images(list(ds.test.images[:1])).labels[0])
+    # the example: the first of the first 20 test samples predicted right, each predicted on its own here
+    singles = [int(run.predict_images([img]).labels[0]) for img in ds.test.images[:20]]
+    i = next((j for j, p in enumerate(singles) if p == int(ds.test.labels[j])), 0)
+    pred = singles[i]
     want_ids = random_ids(run.bank.ids, 0.1, seed=0)
     bank_before = len(run.bank.ids)
     del run
@@ -23,8 +27,11 @@ def test_demo_reports_its_prediction_deletion_and_receipt_reading(tiny_run: Path
     out = run_demo(tiny_run, profile="tiny", device="cpu", print_fn=lines.append)
     text = "\n".join(lines)
 
-    right = "right" if pred == int(ds.test.labels[0]) else "wrong"
+    right = "right" if pred == int(ds.test.labels[i]) else "wrong"
+    assert f"\ntest sample {int(ds.test.ids[i])} (" in text
     assert f"predicted {run_names(tiny_run)[pred]} ({right})" in text
+    assert (f"the {i} before it are predicted wrongly" if i > 1 else "the one before it is" if i == 1
+            else "(the first test sample;") in text
     assert sorted(out["deleted"]) == sorted(int(i) for i in want_ids)
     assert f"bank now {bank_before - len(want_ids)}" in text
     receipt = json.loads(next((tiny_run / "receipts").glob("*.json")).read_text())
