@@ -224,6 +224,8 @@ def gap_table(args: argparse.Namespace) -> None:
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
             continue
+        if args.offsets and r["train_seed"] - r["split_seed"] not in args.offsets:
+            continue  # a comparison on the same training seeds: only S + offset on split S
         recipe = json.dumps(effective_recipe(r), sort_keys=True)  # the recipe, whatever the names say
         g = groups.setdefault((r.get("dataset", "digits"), r.get("rate", RATE), r["split_seed"], recipe), {"runs": {}, "oracles": {}})
         if r["exclude"] == "forget":
@@ -309,6 +311,8 @@ def main() -> None:
     s.add_argument("names", nargs="*")
     s.add_argument("--recipe", required=True, help="a run of this split trained with training seed = split seed")
     gp = sub.add_parser("gaps", help="the cheap attack's Avg Gaps of every run, oracle pair and undeleted run")
+    gp.add_argument("--offsets", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                    help="only models of training seed S + offset on split S, e.g. 0,1000: recipes compared on the same seeds")
     gp.add_argument("--markdown", action="store_true", help="also print one markdown table per dataset, rate and recipe")
     args = ap.parse_args()
     ROOT.mkdir(parents=True, exist_ok=True)
