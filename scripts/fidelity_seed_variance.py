@@ -17,7 +17,10 @@ model against the first one named (paired: the same 359 test images).
 
 `gaps` prints, per split and recipe, every run's Avg Gap (cheap attack, forget set deleted) to each
 M-oracle of its recipe, the oracles' gaps to each other (the noise floor) and the undeleted run's
-(the positive control), from results.jsonl, grouped by dataset, forget rate, split and recipe (--set).
+(the positive control), from results.jsonl, grouped by dataset, forget rate, split and recipe (--set);
+pooled over splits, the excess over the floor, a relabelling test, and the signed run - oracle offset of
+TA, FA and MIA (a systematic offset, such as deleted images still recognised better, has one sign on
+every split, where retraining noise has both). `--offsets 0,1000` keeps training seeds S + offset only.
 
 `train --set KEY=VALUE` changes the recipe (any ModelConfig/TrainConfig field, repeatable), so a
 candidate recipe is trained for a run and its oracles alike; `strong` trains its references with the
@@ -281,6 +284,12 @@ def gap_table(args: argparse.Namespace) -> None:
               f"{np.mean(floors):.2f} (n={len(floors)}, {min(floors):.2f}-{max(floors):.2f}): "
               f"{np.mean(gaps) - np.mean(floors):+.2f}; splits within floor + 0.3: {within} of "
               f"{sum(1 for r, f in cells if r and f)}")
+        offsets = {m: [np.mean([a[m] - o[m] for a in r for o in orcs]) for r, orcs in split_cells[(dataset, rate, recipe)]
+                       if r and orcs] for m in ("TA", "FA", "MIA")}  # per split: mean signed run - oracle
+        if len(offsets["TA"]) >= 2:  # a systematic offset shows as a signed mean away from 0 on every split
+            print("    run - oracle, signed, mean over splits (standard error; per split): " + "; ".join(
+                f"{m} {np.mean(v):+.2f} ({np.std(v, ddof=1) / np.sqrt(len(v)):.2f}; {' '.join(f'{x:+.2f}' for x in v)})"
+                for m, v in offsets.items()))
         usable = [(r, o) for r, o in split_cells[(dataset, rate, recipe)] if r and len(o) >= 2]
         if not usable:  # the runs and the oracle pairs are on different splits: nothing to relabel
             continue
