@@ -38,9 +38,10 @@ def _receipt_verdicts(evidence: dict, n_test: int | None) -> list[str]:
     return lines
 
 
-def _example(run: MunkeyRun, n: int = EXAMPLE_POOL) -> tuple[int, Predictions]:
-    """The demo's example: the first of the first `n` test samples the model predicts correctly (a presenter
-    explains evidence on a right answer; the printed line says how many before it were wrong), else the first.
+def example_sample(run: MunkeyRun, n: int = EXAMPLE_POOL) -> tuple[int, Predictions]:
+    """The demo's example, and the test sample the dashboard's Evidence page opens on: the first of the first
+    `n` test samples the model predicts correctly (a presenter explains evidence on a right answer; the demo's
+    printed line says how many before it were wrong), else the first.
     Returns its index in the test split and the predictions of those `n` samples."""
     images = run.dataset.test.images[:n]
     pred = run.predict_images(list(images))
@@ -62,7 +63,7 @@ def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: 
              f"trained in {s['train_seconds']} s")
     before = run.evaluate(max_samples=0)
     ds = run.dataset
-    i, pred = _example(run)
+    i, pred = example_sample(run)
     label, names = int(ds.test.labels[i]), run.class_names
     right = "right" if int(pred.labels[i]) == label else "wrong"
     why = ("the first test sample" if i == 0 else

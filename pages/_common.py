@@ -271,6 +271,19 @@ def _similarity_calibration(path: str, bank_size: int):
     return similarity_calibration(get_run())
 
 
+@st.cache_data(max_entries=8, show_spinner=False)
+def _example_index(path: str, bank_size: int) -> int:
+    from munkey_core.demo import example_sample
+
+    return example_sample(get_run())[0]
+
+
+def example_index_for(run: MunkeyRun) -> int:
+    """The test sample the Evidence page opens on: the demo's example (demo.example_sample, the first test
+    sample predicted right), per bank size (a deletion can change it)."""
+    return _example_index(str(run.paths.root), len(run.bank))
+
+
 def similarity_calibration_for(run: MunkeyRun):
     """The run's out-of-distribution threshold (trust.similarity_calibration), per bank size."""
     return _similarity_calibration(str(run.paths.root), len(run.bank))

@@ -10,8 +10,8 @@ import streamlit as st
 from munkey_core.model.predict import MODES
 from munkey_core.dashboard.views import display_image, evidence_rows, predict_test_sample, training_images
 from munkey_core.dashboard.trust import assess_evidence, find_copies
-from pages._common import (IMAGE_TYPES, copy_index_for, decoded_uploads, require_run, similarity_calibration_for,
-                           user_errors)
+from pages._common import (IMAGE_TYPES, copy_index_for, decoded_uploads, example_index_for, require_run,
+                           similarity_calibration_for, user_errors)
 from pages._grids import sample_filter
 
 MODE_LABELS = {"ensemble": "Ensemble (default: K forwards, weighted)",
@@ -126,7 +126,8 @@ if source == "Upload images":
                 show_prediction(title, img, preds, i, found=copies[i])
 else:
     n_test = len(run.dataset.test)
-    index = st.number_input(f"Test sample index (0 to {n_test - 1})", 0, n_test - 1, 0, step=1, key="test_index")
+    index = st.number_input(f"Test sample index (0 to {n_test - 1})", 0, n_test - 1, example_index_for(run), step=1,
+                            key="test_index", help="Opens on the first test sample the model predicts correctly.")
     with user_errors():
         sp = predict_test_sample(run, int(index), k=k, mode=mode)
         show_prediction(f"Test sample {int(index)} (id {sp.id})", sp.image, sp.predictions, 0, true_label=sp.label)

@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.errors import AppTestError
 
 from munkey_core.run.rows import load_bank
+from munkey_core.service import MunkeyRun
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
 TIMEOUT = 60
@@ -101,8 +102,13 @@ def test_evidence_upload_shows_neighbours_and_survives_a_corrupt_file(tiny_run_t
     at.selectbox(key="mode").set_value("softmax_fusion")
     at.run()
     assert not at.exception and len([c for c in at.caption if c.value.startswith("**") and "of the answer" in c.value]) == 2
-    # the test-sample path
+    # the test-sample path opens on the first test sample predicted right (each predicted on its own here)
     at.radio(key="source").set_value("Test sample").run()
+    run = MunkeyRun(tiny_run_template, device="cpu")
+    singles = [int(run.predict_images([img]).labels[0]) for img in run.dataset.test.images[:20]]
+    first_right = next((j for j, p in enumerate(singles) if p == int(run.dataset.test.labels[j])), 0)
+    assert at.number_input(key="test_index").value == first_right
+    assert f"Test sample {first_right} " in at.subheader[0].value
     at.number_input(key="test_index").set_value(5).run()
     assert not at.exception and "Test sample 5" in at.subheader[0].value
     assert "True label" in {m.label for m in at.metric}
