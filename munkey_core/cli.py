@@ -49,6 +49,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         ("augment-shift", float, "random translation (fraction of the side)"),
         ("absent-target-mix", float, "on steps without the sample's own exemplar, mix this share of its neighbours' "
                                      "label distribution into the target (0 = hard labels; forgets better, lower TA)"),
+        ("absent-skip-hardest", float, "on steps without the sample's own exemplar, this share of those samples in a "
+                                       "batch with the highest loss gives no gradient (0 = off)"),
         ("ema-epochs", float, "ship an exponential moving average of the weights and exemplars over about this many "
                               "epochs (0 = off: the last step's)"),
         ("max-train", int, "use a stratified subset of this many training images (0 = all)"),
@@ -251,7 +253,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
                                                 "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
                                                 "absent_target_mix", "seed", "split_seed", "exemplar_dim", "max_train", "inject_at",
-                                                "drop_path_rate", "ema_epochs")}
+                                                "drop_path_rate", "ema_epochs", "absent_skip_hardest")}
     if args.width is not None and (args.arch != "resnet18" or args.width < 1):
         raise MunkeyError("--width sets a ResNet-18's channels (a whole number >= 1, e.g. 64 for the standard model); "
                           "use it with --arch resnet18.")

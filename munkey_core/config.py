@@ -72,6 +72,9 @@ class TrainConfig:
     absent_target_mix: float = 0.0 # on steps without the sample's own exemplar, this share of the target is its
                                    # K' neighbours' label distribution (0 = hard labels, the paper's recipe; see
                                    # docs/results/forgetting_at_defaults.md: forgets better, costs test accuracy)
+    absent_skip_hardest: float = 0.0  # on steps without the sample's own exemplar, this share of those samples in a
+                                   # batch with the highest loss gives no gradient: the backbone is not pushed to
+                                   # fit an image its neighbours disagree with from the image alone (0: off)
     ema_epochs: float = 0.0        # ship an exponential moving average of the weights and exemplars over about this
                                    # many epochs (per-step decay 1 - 1 / (ema_epochs x steps per epoch)); 0: the last step's
     max_train: int | None = None   # stratified subset of the training split (None or 0: all)
@@ -79,6 +82,9 @@ class TrainConfig:
     split_seed: int | None = None  # data seed: the splits we carve and the max_train subset; None = `seed` (as before)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.absent_skip_hardest < 1:
+            raise MunkeyError(f"absent_skip_hardest (--absent-skip-hardest) is a share of a batch's samples: give a "
+                              f"number from 0 (off) to below 1, e.g. 0.2 (got {self.absent_skip_hardest}).")
         if not self.ema_epochs >= 0:
             raise MunkeyError(f"ema_epochs (--ema-epochs) is how many epochs the shipped weights average over: give 0 "
                               f"(off, the last step's weights) or a positive number, e.g. 5 (got {self.ema_epochs}).")

@@ -9,6 +9,9 @@ Per sample and step (SPEC.md section 2):
   (retrieval simulation or token dropped, image present) the target is (1 - a) onehot(y_i) + a q_i,
   q_i its K' neighbours' label distribution (the retrieval weights); a > 0 keeps the backbone from
   fitting the hard label of an image without its exemplar, which is what survives a deletion.
+- skipping (`absent_skip_hardest` = s, default 0): on those steps the share s of the absent samples of the
+  batch with the highest loss gives no gradient, so an image whose neighbours' exemplars disagree with
+  its label is fitted only together with its own exemplar, which a deletion removes.
 Keys are frozen, so the K' neighbour lists are computed once before the first epoch.
 AdamW (betas 0.9/0.99) over everything, linear warm-up then cosine decay per step.
 With `ema_epochs` > 0 the weights and exemplars validated, checkpointed and shipped are an exponential
@@ -232,16 +235,31 @@ def neighbour_label_dist(bank: MemoryBank, nbr_rows: torch.Tensor, nbr_w: torch.
 def step_loss(logits: torch.Tensor, y: torch.Tensor, absent: torch.Tensor, q: torch.Tensor,
               cfg: TrainConfig, reduction: str = "sum") -> torch.Tensor:
     """Cross-entropy ("sum" or "mean" over the batch) of logits (B, C); where `absent` (B,) the target
-    mixes in the neighbours' label distribution q (B, C) by cfg.absent_target_mix (module docstring)."""
+    mixes in the neighbours' label distribution q (B, C) by cfg.absent_target_mix, and the
+    cfg.absent_skip_hardest share of the absent samples with the highest loss count zero (module docstring).
+    The mean divides by B either way, so skipped samples lower the step, they do not reweight the rest."""
     if cfg.absent_target_mix <= 0:
-        return F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction=reduction)
-    target = F.one_hot(y, logits.shape[1]).to(logits.dtype)
-    a = cfg.absent_target_mix * absent.to(logits.dtype)[:, None]  # (B, 1)
-    target = (1 - a) * target + a * q.to(logits.dtype)
-    if cfg.label_smoothing:
-        target = (1 - cfg.label_smoothing) * target + cfg.label_smoothing / logits.shape[1]
-    per = -(target * F.log_softmax(logits, dim=1)).sum(dim=1)  # (B,)
+        per = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none")  # (B,)
+    else:
+        target = F.one_hot(y, logits.shape[1]).to(logits.dtype)
+        a = cfg.absent_target_mix * absent.to(logits.dtype)[:, None]  # (B, 1)
+        target = (1 - a) * target + a * q.to(logits.dtype)
+        if cfg.label_smoothing:
+            target = (1 - cfg.label_smoothing) * target + cfg.label_smoothing / logits.shape[1]
+        per = -(target * F.log_softmax(logits, dim=1)).sum(dim=1)  # (B,)
+    if cfg.absent_skip_hardest > 0:
+        per = per * ~hardest_absent(per.detach(), absent, cfg.absent_skip_hardest)
     return per.sum() if reduction == "sum" else per.mean()
+
+
+def hardest_absent(per: torch.Tensor, absent: torch.Tensor, share: float) -> torch.Tensor:
+    """(B,) mask of the floor(share x number absent) absent samples with the highest loss `per` (B,)."""
+    n_skip = int(share * int(absent.sum()))
+    mask = torch.zeros_like(absent)
+    if n_skip > 0:
+        ranked = torch.where(absent, per, torch.full_like(per, -float("inf")))
+        mask[ranked.topk(n_skip).indices] = True
+    return mask
 
 
 def _sample_tokens(values: torch.Tensor, idx: torch.Tensor, nbr_rows: torch.Tensor, nbr_w: torch.Tensor,

@@ -8,6 +8,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from munkey_core.config import ModelConfig, TrainConfig
+from munkey_core.errors import MunkeyError
 from munkey_core.bank.memory import MemoryBank
 from munkey_core.run.rows import load_checkpoint
 from munkey_core.training.train import (TrainData, _sample_tokens, cosine_schedule, neighbour_label_dist, neighbour_table,
@@ -297,3 +298,25 @@ def test_bad_drop_path_rate_is_a_clear_user_error(tmp_path, capsys) -> None:
         err = capsys.readouterr().err
         assert "--ema-epochs" in err and "a positive number" in err and "Traceback" not in err
         assert not out.exists()
+
+
+def test_step_loss_skips_the_hardest_absent_samples_only() -> None:
+    """absent_skip_hardest = 0.5 with four absent samples: the two absent ones with the highest loss count
+    zero, present samples always count, and the mean still divides by the whole batch."""
+    logits = torch.tensor([[3.0, 0.0], [0.0, 3.0], [1.0, 0.0], [0.0, 0.5], [-2.0, 2.0], [2.0, -2.0]])
+    y = torch.tensor([0, 0, 0, 0, 0, 0])
+    absent = torch.tensor([True, True, True, True, False, False])
+    q = torch.full((6, 2), 0.5)
+    z = logits.numpy().astype(np.float64)
+    per = -(z[:, 0] - np.log(np.exp(z).sum(1)))  # loss of label 0 per sample
+    hardest_absent_rows = np.argsort(-per[:4])[:2]  # rows 1 and 3 by construction
+    assert sorted(hardest_absent_rows.tolist()) == [1, 3]
+    kept = np.ones(6, dtype=bool)
+    kept[hardest_absent_rows] = False
+    cfg = TrainConfig(absent_skip_hardest=0.5)
+    np.testing.assert_allclose(float(step_loss(logits, y, absent, q, cfg)), per[kept].sum(), rtol=1e-5)
+    np.testing.assert_allclose(float(step_loss(logits, y, absent, q, cfg, reduction="mean")), per[kept].sum() / 6,
+                               rtol=1e-5)
+    np.testing.assert_allclose(float(step_loss(logits, y, absent, q, TrainConfig())), per.sum(), rtol=1e-5)
+    with pytest.raises(MunkeyError, match="absent_skip_hardest"):
+        TrainConfig(absent_skip_hardest=1.0)
