@@ -281,31 +281,21 @@ def test_the_cpu_profile_gives_digits_its_measured_shift_and_an_option_overrides
     assert vit.drop_path_rate == cpu.model.drop_path_rate  # ... with the profile's backbone (MUNKEY's change is its own)
 
 
-def test_bad_drop_path_rate_is_a_clear_user_error(tmp_path, capsys) -> None:
-    """--drop-path-rate outside [0, 1) and a negative --ema-epochs are refused with what to give, before any
-    data or folder is touched."""
+def test_bad_training_options_are_clear_user_errors(tmp_path, capsys) -> None:
+    """--drop-path-rate and --absent-skip-hardest outside [0, 1) and a negative --ema-epochs are refused with
+    what to give, before any data or folder is touched."""
     from munkey_core.cli import main
 
-    for bad in ("1", "-0.1", "1.5"):
-        out = tmp_path / f"run{bad}"
-        assert main(["train", "--dataset", "digits", "--profile", "tiny", "--drop-path-rate", bad,
-                     "--out", str(out)]) == 2
-        err = capsys.readouterr().err
-        assert "--drop-path-rate" in err and "from 0 (off) to below 1" in err and "Traceback" not in err
-        assert not out.exists()
-    for bad in ("-1", "nan"):
-        out = tmp_path / f"ema{bad}"
-        assert main(["train", "--dataset", "digits", "--profile", "tiny", "--ema-epochs", bad, "--out", str(out)]) == 2
-        err = capsys.readouterr().err
-        assert "--ema-epochs" in err and "a positive number" in err and "Traceback" not in err
-        assert not out.exists()
-    for bad in ("1", "-0.2"):
-        out = tmp_path / f"skip{bad}"
-        assert main(["train", "--dataset", "digits", "--profile", "tiny", "--absent-skip-hardest", bad,
-                     "--out", str(out)]) == 2
-        err = capsys.readouterr().err
-        assert "--absent-skip-hardest" in err and "from 0 (off) to below 1" in err and "Traceback" not in err
-        assert not out.exists()
+    cases = (("--drop-path-rate", ("1", "-0.1", "1.5"), "from 0 (off) to below 1"),
+             ("--ema-epochs", ("-1", "nan"), "a positive number"),
+             ("--absent-skip-hardest", ("1", "-0.2"), "from 0 (off) to below 1"))
+    for option, bads, what_to_give in cases:
+        for bad in bads:
+            out = tmp_path / f"{option.strip('-')}{bad}"
+            assert main(["train", "--dataset", "digits", "--profile", "tiny", option, bad, "--out", str(out)]) == 2
+            err = capsys.readouterr().err
+            assert option in err and what_to_give in err and "Traceback" not in err
+            assert not out.exists()
 
 
 def test_step_loss_skips_the_hardest_absent_samples_only() -> None:
