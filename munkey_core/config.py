@@ -165,8 +165,13 @@ PROFILES: dict[str, Profile] = {
         # oracle-pair floor of 0.55 over five splits, from 1.97 against 0.94; not yet within it. Stochastic
         # depth 0.1 was measured too and not adopted: forgetting_at_defaults.md, "Stochastic depth"). The
         # absent-target mix 0.25 looked better on the three splits it was chosen on and was no better on two
-        # held-out ones, for 1.4 points of test accuracy: not adopted (same file, "Two held-out splits")
-        dataset_recipe={"digits": {"augment_shift": 0.2}},
+        # held-out ones, for 1.4 points of test accuracy: not adopted (same file, "Two held-out splits").
+        # Skipping the hardest tenth of the samples on the steps without their own exemplar closes what was
+        # left (deleted images recognised 1.7 points better than by retrained models on all seven splits, to
+        # within retraining noise on three splits it was chosen on and four held-out ones) for about 2.7 points
+        # of test accuracy, keeping Ps near 0.14 (the paper's bound: 0.3); 0.2 closes it too but switches
+        # the image pathway off (same file, "Skipping the hardest samples")
+        dataset_recipe={"digits": {"augment_shift": 0.2, "absent_skip_hardest": 0.1}},
     ),
     "vit-tiny": Profile(
         "vit-tiny",
