@@ -235,7 +235,7 @@ def test_bench_fidelity_committed_digits_table_is_what_its_csv_renders(tmp_path:
     """The committed tuned + strong digits table, rendered again from its own CSV by --merge-csv alone
     (--seeds 0: nothing trained or measured): the same table, post-hoc rows and tuned settings included."""
     folder = Path(__file__).resolve().parents[2] / "docs" / "results" / "tuned_strong"
-    argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "cpu", "--seeds", "0", "--rates", "0.1",
+    argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "cpu", "--seeds", "0", "--rates", "0.1,0.02",
             "--vit-shift", "0", "--tune", "--mia", "strong", "--floor-oracles", "2", "--work", str(tmp_path / "w"),
             "--merge-csv", str(folder / "fidelity_digits.csv"), "--out", str(tmp_path / "out")]
     assert main(argv) == 0 and "trained 0 model(s)" in capsys.readouterr().out
