@@ -230,17 +230,23 @@ def test_bench_fidelity_merge_csv_equals_one_invocation_over_the_seeds(cache_dir
     assert main(base + ["--seeds", "0", "--out", str(tmp_path / "x")]) == 2  # --seeds 0 only with --merge-csv
 
 
-def test_bench_fidelity_committed_digits_table_is_what_its_csv_renders(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture) -> None:
-    """The committed tuned + strong digits table, rendered again from its own CSV by --merge-csv alone
+@pytest.mark.parametrize(("dataset", "folder", "rates"), [
+    ("digits", "tuned_strong", "0.1,0.02"),
+    ("elpv", "tuned_strong", "0.1"),
+    ("elpv", "tuned_strong/elpv_2pct", "0.02"),
+])
+def test_bench_fidelity_committed_tuned_table_is_what_its_csv_renders(dataset: str, folder: str, rates: str,
+                                                                      tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    """Each committed tuned + strong table, rendered again from its own CSV by --merge-csv alone
     (--seeds 0: nothing trained or measured): the same table, post-hoc rows and tuned settings included."""
-    folder = Path(__file__).resolve().parents[2] / "docs" / "results" / "tuned_strong"
-    argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "cpu", "--seeds", "0", "--rates", "0.1,0.02",
+    folder_path = Path(__file__).resolve().parents[2] / "docs" / "results" / folder
+    argv = ["bench", "fidelity", "--dataset", dataset, "--profile", "cpu", "--seeds", "0", "--rates", rates,
             "--vit-shift", "0", "--tune", "--mia", "strong", "--floor-oracles", "2", "--work", str(tmp_path / "w"),
-            "--merge-csv", str(folder / "fidelity_digits.csv"), "--out", str(tmp_path / "out")]
+            "--merge-csv", str(folder_path / f"fidelity_{dataset}.csv"), "--out", str(tmp_path / "out")]
     assert main(argv) == 0 and "trained 0 model(s)" in capsys.readouterr().out
-    again = _table_lines((tmp_path / "out" / "fidelity_digits.md").read_text())
-    committed = _table_lines((folder / "fidelity_digits.md").read_text())
+    again = _table_lines((tmp_path / "out" / f"fidelity_{dataset}.md").read_text())
+    committed = _table_lines((folder_path / f"fidelity_{dataset}.md").read_text())
     # the audited request's seconds are not in a CSV written before its audited columns: that line aside
     kept = lambda lines: [x for x in lines if x and "audited, durable" not in x]  # noqa: E731
     assert kept(again) == kept(committed)
