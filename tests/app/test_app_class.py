@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from munkey_core.dashboard.classforget_job import CURVE_EVERY
 from munkey_core.run.rows import load_bank
+from tests.app.test_app import _settle
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
 TOKEN = "class token"
@@ -30,18 +30,6 @@ def _open(monkeypatch: pytest.MonkeyPatch, run: Path, token: str | None = None) 
     return at
 
 
-def _finish(at: AppTest, timeout: float = 240) -> AppTest:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        job = at.session_state["class_job"] if "class_job" in at.session_state else None
-        if job is None or job.state != "running":
-            break
-        time.sleep(0.5)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
 def test_munkey_run_keys_and_unact_with_keep(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = _open(monkeypatch, tiny_run, TOKEN)
     assert at.title[0].value == "Class unlearning"
@@ -50,7 +38,7 @@ def test_munkey_run_keys_and_unact_with_keep(tiny_run: Path, monkeypatch: pytest
     at.number_input(key="class_n").set_value(10)
     at.number_input(key="class_k").set_value(3)
     at.button(key="class_run").click().run()
-    _finish(at)
+    _settle(at, "class_job")
     job = at.session_state["class_job"]
     assert job.state == "done" and job.request.cls == 3 and job.request.method == "keys+unact"
     rounds = job.request.details["rounds"]  # at most k = 3: the MUNKEY default stops once the class is gone
@@ -88,7 +76,7 @@ def test_resnet_beside_the_run_compares_with_ssd(tiny_run: Path, tiny_classifier
     at.number_input(key="class_p").set_value(90.0)
     at.run()
     at.button(key="class_run").click().run()
-    _finish(at)
+    _settle(at, "class_job")
     job = at.session_state["class_job"]
     assert job.state == "done" and [r["method"] for r in job.rows] == ["unact", "ssd", "lfssd", "mask"]
     assert job.rows[0]["Af"] < job.rows[0]["Af_before"]
@@ -116,7 +104,7 @@ def test_the_retain_guard_message(tiny_run: Path, monkeypatch: pytest.MonkeyPatc
     at.number_input(key="class_n").set_value(0)
     at.checkbox(key="class_compare").uncheck()
     at.button(key="class_run").click().run()
-    _finish(at)
+    _settle(at, "class_job")
     job = at.session_state["class_job"]
     assert job.state == "done" and job.request.details["stop_reason"] == "retain guard"
     assert job.request.details["probe_after"] >= job.request.details["probe_before"] - 2.0
