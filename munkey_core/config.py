@@ -12,13 +12,67 @@ the values that worked in our CPU prototype (SPEC.md section 6); all are CLI opt
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from munkey_core.errors import MunkeyError
 
 if TYPE_CHECKING:  # torch is imported where it is used: the profiles alone load in milliseconds
     import torch
+
+
+def _at_least(lo: float) -> Callable[[float], bool]:
+    return lambda v: v >= lo
+
+
+def _between(lo: float, hi: float, hi_open: bool = False) -> Callable[[float], bool]:
+    return lambda v: lo <= v < hi if hi_open else lo <= v <= hi
+
+
+# field: (what to give, test, whole number?). Checked when a config is built, so a bad option fails before
+# any folder is made or any data is loaded, with the option's name and what to give instead.
+_TRAIN_RANGES: dict[str, tuple[str, Callable[[float], bool], bool]] = {
+    "epochs": ("a whole number of at least 1, e.g. 80", _at_least(1), True),
+    "batch_size": ("a whole number of at least 1, e.g. 128", _at_least(1), True),
+    "lr": ("a number above 0, e.g. 0.001", lambda v: v > 0, False),
+    "weight_decay": ("a number of at least 0, e.g. 0.05", _at_least(0), False),
+    "beta1": ("a number from 0 to below 1, e.g. 0.9", _between(0, 1, True), False),
+    "beta2": ("a number from 0 to below 1, e.g. 0.99", _between(0, 1, True), False),
+    "warmup_epochs": ("a number of at least 0, e.g. 1", _at_least(0), False),
+    "label_smoothing": ("a number from 0 to below 1, e.g. 0.1", _between(0, 1, True), False),
+    "k": ("a whole number of at least 1, e.g. 8", _at_least(1), True),
+    "k_train": ("a whole number of at least 1, e.g. 8", _at_least(1), True),
+    "tau": ("a number above 0, e.g. 0.05", lambda v: v > 0, False),
+    "p_retrieval": ("a probability from 0 to 1, e.g. 0.5", _between(0, 1), False),
+    "p_drop_image": ("a probability from 0 to 1, e.g. 0.2", _between(0, 1), False),
+    "p_drop_token": ("a probability from 0 to 1, e.g. 0.2", _between(0, 1), False),
+    "exemplar_lr_scale": ("a number of at least 0, e.g. 10", _at_least(0), False),
+    "exemplar_init_std": ("a number of at least 0, e.g. 0.02", _at_least(0), False),
+    "augment_shift": ("a fraction of the image side from 0 (off) to below 1, e.g. 0.1", _between(0, 1, True), False),
+    "absent_target_mix": ("a share from 0 (off) to 1, e.g. 0.25", _between(0, 1), False),
+    "max_train": ("a whole number of images of at least 1, or 0 for the whole training split", _at_least(0), True),
+    "seed": ("a whole number of at least 0", _at_least(0), True),
+    "split_seed": ("a whole number of at least 0", _at_least(0), True),
+}
+
+
+# the fields `munkey train` offers as options (its message names the flag too)
+_CLI_OPTIONS = frozenset({"epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau", "p_retrieval",
+                          "p_drop_image", "p_drop_token", "augment_shift", "absent_target_mix", "max_train", "seed",
+                          "split_seed", "exemplar_dim"})
+
+
+def _check_ranges(cfg: Any, ranges: dict[str, tuple[str, Callable[[float], bool], bool]]) -> None:
+    """Raise MunkeyError naming the first field of `cfg` outside its range (None is left to the field's default)."""
+    for name, (want, ok, whole) in ranges.items():
+        v = getattr(cfg, name)
+        if v is None:
+            continue
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not number or (whole and float(v) != int(v)) or not math.isfinite(v) or not ok(v):
+            flag = f" (--{name.replace('_', '-')})" if name in _CLI_OPTIONS else ""
+            raise MunkeyError(f"{name}{flag} must be {want} (got {v!r}). Nothing was changed.")
 
 
 @dataclass(frozen=True)
@@ -38,6 +92,7 @@ class ModelConfig:
     inject_at: int = 0             # block the exemplar token joins at: 0 = the paper's design; L > 0 = late injection
 
     def __post_init__(self) -> None:
+        _check_ranges(self, {"exemplar_dim": ("a whole number of at least 1, e.g. 128", _at_least(1), True)})
         if not 0 <= self.drop_path_rate < 1:
             raise MunkeyError(f"drop_path_rate (--drop-path-rate) is a probability of skipping a block in training: "
                               f"give a number from 0 (off) to below 1, e.g. 0.1 (got {self.drop_path_rate}).")
@@ -82,6 +137,7 @@ class TrainConfig:
     split_seed: int | None = None  # data seed: the splits we carve and the max_train subset; None = `seed` (as before)
 
     def __post_init__(self) -> None:
+        _check_ranges(self, _TRAIN_RANGES)
         if not 0 <= self.absent_skip_hardest < 1:
             raise MunkeyError(f"absent_skip_hardest (--absent-skip-hardest) is a share of a batch's samples: give a "
                               f"number from 0 (off) to below 1, e.g. 0.2 (got {self.absent_skip_hardest}).")

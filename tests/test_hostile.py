@@ -243,6 +243,22 @@ def test_train_out_on_a_user_folder_or_file_is_refused_and_nothing_is_touched(tm
         ["checkpoints", "model.pt", "history.json", "epoch_000.pt", "config.json"]) and f.read_text() == "keep me"
 
 
+@pytest.mark.parametrize("arch", ["munkey", "resnet18", "vit"])
+@pytest.mark.parametrize("option", [("--epochs", "0"), ("--epochs", "-3"), ("--batch-size", "0"), ("--lr", "-1"),
+                                    ("--lr", "nan"), ("--k", "0"), ("--tau", "0"), ("--p-retrieval", "2"),
+                                    ("--p-drop-image", "-0.1"), ("--augment-shift", "1.5"), ("--max-train", "-5"),
+                                    ("--seed", "-1"), ("--weight-decay", "-0.01")])
+def test_a_training_option_out_of_range_is_refused_before_any_folder_is_made(tmp_path: Path, capsys, arch: str,
+                                                                             option: tuple[str, str]) -> None:
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "--dataset", "digits", "--profile", "tiny", "--arch", arch, *option,
+                           "--out", out)
+    assert_clean_refusal(code, err)
+    name = option[0][2:].replace("-", "_")
+    assert f"{name} ({option[0]}) must be" in err, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_no_command_writes_into_a_folder_that_is_not_a_run(tmp_path: Path, capsys) -> None:
     folder = _user_folder(tmp_path)
     img = tmp_path / "x.png"
