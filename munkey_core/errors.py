@@ -10,7 +10,8 @@ class MunkeyError(Exception):
 
 
 def non_negative_int(text: str) -> int:
-    """argparse type for counts where 0 means "all" (e.g. --max-samples): a clear error for -1 or 'x'."""
+    """argparse type for counts of at least 0 (--max-samples, where 0 means all; --floor-oracles, where 0 means
+    none): a clear error for -1 or 'x'; each option's help says what its 0 means."""
     import argparse
 
     try:
@@ -18,5 +19,5 @@ def non_negative_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (all) or more, got {value}")
+        raise argparse.ArgumentTypeError(f"must be a whole number of 0 or more, got {value}")
     return value

@@ -259,6 +259,14 @@ def test_a_training_option_out_of_range_is_refused_before_any_folder_is_made(tmp
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_predict_with_k_zero_is_refused_not_read_as_the_default(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    img = tmp_path / "x.png"
+    Image.new("L", (8, 8)).save(img)
+    code, _, err = run_cli(capsys, "predict", tiny_run, img, "--k", "0")
+    assert_clean_refusal(code, err)
+    assert "K must be at least 1 (got 0)" in err
+
+
 def test_no_command_writes_into_a_folder_that_is_not_a_run(tmp_path: Path, capsys) -> None:
     folder = _user_folder(tmp_path)
     img = tmp_path / "x.png"

@@ -124,6 +124,16 @@ class FidelityBench:
         from munkey_core.config import resolve_profile, with_overrides
 
         with_overrides(resolve_profile(args.profile).model, {"inject_at": self.inject_at})  # a bad L fails now
+        # and so do bad epochs, --vit-shift or --mia-refs (not after the hour of training they would follow)
+        with_overrides(resolve_profile(args.profile).train_for(args.dataset), {"epochs": getattr(args, "epochs", None)})
+        shift = getattr(args, "vit_shift", None)
+        if shift is not None and not 0 <= shift < 1:
+            raise MunkeyError(f"--vit-shift is the plain ViT's random shift, a fraction of the image side from 0 (off, "
+                              f"lets it memorise) to below 1 (got {shift:g}).")
+        if getattr(args, "mia", "cheap") == "strong":
+            from munkey_core.eval.mia import check_n_refs
+
+            check_n_refs(int(getattr(args, "mia_refs", 2)))
         suffix = f"_late{self.inject_at}" if self.inject_at else ""  # never reuse paper-design models
         self.work = Path(args.work) / f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}{suffix}"
         self.trained = 0  # models trained by this invocation (0 on a full resume)

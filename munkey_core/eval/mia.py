@@ -104,11 +104,16 @@ def classifier_probs(model, images: np.ndarray, img_size: int) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
+def check_n_refs(n_refs: int) -> None:
+    """Reference models come in complementary pairs of halves: refuse any other count before training."""
+    if n_refs < 2 or n_refs % 2:
+        raise MunkeyError(f"--mia-refs must be an even number >= 2 (complementary halves), got {n_refs}.")
+
+
 def half_splits(ids: np.ndarray, n_refs: int, seed: int) -> list[np.ndarray]:
     """`n_refs` (even) member sets: complementary random halves of `ids`, one pair per seed offset
     (every id is in exactly half of them)."""
-    if n_refs < 2 or n_refs % 2:
-        raise MunkeyError(f"--mia-refs must be an even number >= 2 (complementary halves), got {n_refs}.")
+    check_n_refs(n_refs)
     ids = np.sort(np.asarray(ids, dtype=np.int64))
     halves = []
     for pair in range(n_refs // 2):

@@ -312,7 +312,7 @@ class LoadedMunkeyRun(LoadedRun):
         """Predict dataset-shaped uint8 images whose keys are known, with the current bank."""
         x = self.to_input(images)
         with self.lock:
-            return predict(self.model, self.bank, x, keys, k=k or self.train_cfg.k, tau=self.train_cfg.tau,
+            return predict(self.model, self.bank, x, keys, k=self.train_cfg.k if k is None else k, tau=self.train_cfg.tau,
                            mode=mode, pathway=pathway, neighbour_predictions=neighbour_predictions, exclude=exclude,
                            searcher=self.searcher)
 

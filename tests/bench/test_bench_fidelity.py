@@ -142,6 +142,12 @@ def test_bench_fidelity_rejects_bad_options(tmp_path: Path, capsys: pytest.Captu
     assert "--rates" in capsys.readouterr().err
     assert main(["bench", "fidelity", "--methods", "retrain", "--work", str(tmp_path)]) == 2
     assert "Unknown method" in capsys.readouterr().err
+    # refused before the first model is trained (an hour at the cpu profile), not after it
+    for argv, said in ((["--mia", "strong", "--mia-refs", "3"], "--mia-refs must be an even number"),
+                       (["--epochs", "0"], "epochs (--epochs) must be"), (["--vit-shift", "1.5"], "--vit-shift is")):
+        assert main(["bench", "fidelity", "--profile", "tiny", *argv, "--work", str(tmp_path / "w")]) == 2
+        assert said in capsys.readouterr().err, argv
+    assert not (tmp_path / "w").exists()
 
 
 def test_bench_fidelity_tune_prints_the_chosen_settings(cache_dir: Path, tmp_path: Path,
