@@ -163,7 +163,8 @@ def _add_select(sub: argparse._SubParsersAction) -> None:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train on digits, predict with evidence, delete 10%%, re-evaluate")
-    p.add_argument("--out", default="runs/demo", help="run directory (reused if it exists)")
+    p.add_argument("--out", default="runs/demo", help="run directory: trained there if missing; an existing one is reused only if it is a digits run "
+                        "nothing was deleted from yet (the demo deletes for good)")
     p.add_argument("--profile", default="cpu")
     p.add_argument("--fraction", type=float, default=0.1)
     p.add_argument("--device", default="auto")

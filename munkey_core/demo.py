@@ -1,6 +1,7 @@
 """The workshop demo: train on the embedded digits data, predict with evidence, delete, re-evaluate.
 
-Runs on a 2-core laptop in a few minutes (CPU profile); an existing run at `out` is reused.
+Runs on a 2-core laptop in a few minutes (CPU profile). An existing run at `out` is reused only if it is a
+digits run nothing was deleted from yet: the demo deletes for good.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from munkey_core.errors import MunkeyError
 from munkey_core.run.paths import RunPaths
 from munkey_core.service import MunkeyRun, train_run
 from munkey_core.data.sampling import random_ids
@@ -49,12 +51,28 @@ def example_sample(run: MunkeyRun, n: int = EXAMPLE_POOL) -> tuple[int, Predicti
     return (int(right[0]) if len(right) else 0), pred
 
 
+def _check_reusable(run: MunkeyRun, out: Path) -> None:
+    """The demo deletes samples for good: it reuses only a digits run nothing was deleted from yet (the run
+    `munkey train` or the installer leaves), never a user's other run or one an earlier demo already cut."""
+    dataset, deleted = run.summary()["dataset"], len(run.forgotten_ids)
+    if dataset != "digits" or deleted:
+        what = f"a {dataset} run" if dataset != "digits" else f"a run {deleted} samples were already deleted from"
+        raise MunkeyError(f"{out} holds {what}; the demo deletes a random share of a fresh digits run's training "
+                          f"samples for good, so it leaves this one alone. Give --out a new folder (the demo then "
+                          f"trains its own run there: a few minutes on 2 cores). Nothing was changed.")
+
+
 def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: str = "auto",
              print_fn=print) -> dict:
     """Run the demo end to end and return the before/after metrics and the deletion result."""
+    if not 0 <= fraction < 1:
+        raise MunkeyError(f"--fraction is the share of training samples the demo deletes: give a number from 0 "
+                          f"(delete nothing) to below 1, e.g. 0.1 (got {fraction:g}).")
     if RunPaths(out).config.exists():
-        print_fn(f"reusing the run in {out}")
         run = MunkeyRun(out, device=device)
+        if fraction > 0:
+            _check_reusable(run, out)
+        print_fn(f"reusing the run in {out}")
     else:
         print_fn(f"training MUNKEY on digits (profile {profile}) -> {out}")
         run = train_run("digits", out, profile=profile, device=device)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from munkey_core.data.sampling import random_ids
+from munkey_core.cli import main
 from munkey_core.demo import run_demo
 from munkey_core.service import MunkeyRun
 
@@ -41,6 +42,16 @@ def test_demo_reports_its_prediction_deletion_and_receipt_reading(tiny_run: Path
     assert f"FA {evidence['request_FA_after']:.1f} %" in fa_line
     assert any(line.startswith("  MIA: ") for line in lines)
     assert "None" not in text and "nan" not in text
+
+    # a second demo on the same run would cut another 10% for good: refused, nothing changed
+    def state() -> tuple:
+        return (MunkeyRun(tiny_run, device="cpu").bank.fingerprint(), (tiny_run / "forgotten.json").read_bytes(),
+                (tiny_run / "audit_head.json").read_bytes(), sorted(p.name for p in (tiny_run / "receipts").iterdir()))
+
+    before = state()
+    assert main(["demo", "--out", str(tiny_run), "--profile", "tiny", "--device", "cpu"]) == 2
+    assert main(["demo", "--out", str(tiny_run), "--profile", "tiny", "--fraction", "1.5"]) == 2
+    assert state() == before
 
 
 def run_names(run_dir: Path) -> list[str]:
