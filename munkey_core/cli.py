@@ -492,7 +492,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                      "bank_size": (e.body.get("bank") or {}).get("after", {}).get("size"),
                      "evidence_passed": (e.body.get("evidence") or {}).get("passed"),
                      "reason": e.body.get("reason"), "entry_hash": e.entry_hash} for e in entries]
-            text = "\n".join(f"#{r['seq']:<4} {r['kind']:<9} {r['request_id']}  {r['received']}  {r['operator']}  "
+            text = "\n".join(f"#{r['seq']:<4} {r['kind']:<9} {r['request_id']}  {r['received']}  {audit.operator_label(r['operator'])}  "
                              + (f"deleted {len(r['deleted'])}" if r["kind"] == "deletion" else
                                 "(derived from another run; its deletions inherited)" if r["kind"] == "lineage"
                                 else f"({r['reason']})")

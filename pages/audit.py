@@ -8,7 +8,7 @@ import pandas as pd
 
 import streamlit as st
 
-from munkey_core.dashboard.auditviews import audit_rows, audit_status, check_receipt_bytes, receipt_documents
+from munkey_core.dashboard.auditviews import audit_rows, audit_status, audit_table, check_receipt_bytes, receipt_documents
 from pages._common import require_run, user_errors
 
 run = require_run()
@@ -36,10 +36,7 @@ for note in status.get("notes", []):
 if not rows:
     st.info("No deletion request has been recorded for this run.")
 else:
-    df = pd.DataFrame([{"entry": r["seq"], "kind": r["kind"], "request id": r["request_id"], "operator": r["operator"],
-                        "received (UTC)": r["received"], "executed (UTC)": r["executed"], "ids deleted": r["n_deleted"],
-                        "ids": " ".join(map(str, r["ids"])), "bank size after": r["bank_size_after"],
-                        "checks passed": r["checks_passed"], "reason refused": r["reason"]} for r in rows])
+    df = pd.DataFrame(audit_table(rows))
     st.dataframe(df, hide_index=True)
     st.download_button("Download as CSV", df.to_csv(index=False), file_name="audit_log.csv", mime="text/csv",
                        key="download_csv")

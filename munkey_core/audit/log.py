@@ -465,6 +465,11 @@ def _with_signer(binding: dict, root: Path) -> dict:
 LINEAGE_KIND = "lineage"  # the first entry of a run derived from another: anchors the parent's log
 
 
+def operator_label(operator: str | None) -> str:
+    """How a listing names an entry's operator: a request refused for naming nobody reads as such, not None."""
+    return operator.strip() if isinstance(operator, str) and operator.strip() else "(no operator named)"
+
+
 def logged_deletions(entries: list[Entry]) -> set[int]:
     """Every id the log records as deleted: by this run's deletions, or inherited from the run it was
     derived from (a lineage entry)."""

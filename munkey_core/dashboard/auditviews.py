@@ -48,6 +48,21 @@ def audit_rows(run: MunkeyRun) -> list[dict]:
     return rows
 
 
+def audit_table(rows: list[dict]) -> list[dict]:
+    """`audit_rows` as the page's table: a cell that does not apply to an entry (a refused request's
+    execution time, bank size and checks; a deletion's refusal reason) or an operator nobody named reads
+    as words, never None."""
+    def cell(v, empty: str = "—") -> str:
+        return empty if v is None or v == "" else str(v)
+
+    return [{"entry": r["seq"], "kind": r["kind"], "request id": r["request_id"],
+             "operator": audit.operator_label(r["operator"]), "received (UTC)": cell(r["received"]),
+             "executed (UTC)": cell(r["executed"]), "ids deleted": r["n_deleted"], "ids": " ".join(map(str, r["ids"])),
+             "bank size after": cell(r["bank_size_after"]),
+             "checks passed": {True: "yes", False: "no"}.get(r["checks_passed"], "—"),
+             "reason refused": cell(r["reason"], "")} for r in rows]
+
+
 def receipt_documents(run: MunkeyRun, request_id: str) -> tuple[bytes, bytes]:
     """(JSON, HTML) of the receipt for a logged request, rebuilt in memory with the log's current head."""
     log = audit.open_log(run.paths.root, run.audit_url)

@@ -240,6 +240,9 @@ def test_refused_requests_are_logged_and_change_nothing(tiny_run: Path, tmp_path
     assert [e["kind"] for e in entries] == ["refused"] * 6 and all(e["reason"] for e in entries)
     assert entries[0]["operator"] == "Dana Ortiz (DPO)"
     assert run_cli(capsys, "audit", "verify", str(tiny_run))[0] == 0
+    code, _, _ = run_cli(capsys, "forget", str(tiny_run), "--operator", " ", "--ids", str(good), "--no-evaluate")
+    code, text, _ = run_cli(capsys, "audit", "show", str(tiny_run))  # the listing in words: no None for nobody
+    assert len(text.splitlines()) == 7 and "(no operator named)" in text.splitlines()[-1] and "None" not in text
     # a refused request gets a receipt on demand
     code, out, _ = run_cli(capsys, "audit", "receipt", str(tiny_run), entries[0]["request_id"], "--json")
     page = Path(json.loads(out)["receipt_html"]).read_text()
@@ -302,6 +305,12 @@ def test_audit_views_are_read_only_and_check_uploaded_receipts(tiny_run: Path) -
     assert {p: p.stat().st_mtime_ns for p in tiny_run.rglob("*") if p.is_file()} == files  # nothing written
     assert auditviews.refuse_unauthorised(run, [1, 2], "mallory")
     assert auditviews.audit_rows(run)[-1]["kind"] == "refused"
+    auditviews.refuse_unauthorised(run, [3], "")  # nobody named: logged with no operator
+    table = auditviews.audit_table(auditviews.audit_rows(run))
+    assert [r["operator"] for r in table] == ["viewer test", "mallory", "(no operator named)"]
+    assert [r["checks passed"] for r in table] == ["yes", "—", "—"] and table[0]["reason refused"] == ""
+    assert table[0]["bank size after"] == str(len(run.bank.ids)) and table[2]["executed (UTC)"] == "—"
+    assert not any(v is None or str(v) in ("None", "nan") for r in table for v in r.values()), table
 
 
 @pytest.mark.parametrize("failure", ["full disk", "damaged row file"])
