@@ -41,6 +41,22 @@ def test_deletion_survives_reload_and_deleted_ids_are_never_evidence(tiny_run: P
     assert not set(preds.neighbour_ids.ravel().tolist()) & set(victims)
 
 
+def test_deleting_every_sample_with_evaluation_completes_and_is_logged(tiny_run: Path) -> None:
+    """An empty bank leaves nothing to predict with: the request must still finish (logged, receipt, no
+    journal left behind), saying why it was not evaluated, instead of stopping half-done after its commit."""
+    from munkey_core.audit.log import verify_run
+    from munkey_core.forget.request import EMPTY_BANK_NOTE
+
+    run = MunkeyRun(tiny_run, device="cpu")
+    res = run.forget(run.bank.ids.tolist(), operator="tester", evaluate=True)
+    assert res.bank_size == 0 and res.evidence_passed and not (tiny_run / "journal.json").exists()
+    body = json.loads(Path(res.receipt).read_text())["entry"]["body"]
+    assert body["metrics"]["after"] is None and body["metrics"]["after_source"] == EMPTY_BANK_NOTE
+    assert verify_run(tiny_run).ok
+    with pytest.raises(MunkeyError, match="memory bank is empty"):  # and predicting says why, no traceback
+        MunkeyRun(tiny_run, device="cpu").evaluate()
+
+
 def test_ids_in_forgotten_json_without_a_journal_are_not_deleted_on_open(tiny_run: Path) -> None:
     # only a journal commits a deletion (interrupted ones: tests/run/test_atomicity.py); an id written into
     # forgotten.json by hand is reported by 'munkey audit verify', never deleted without a request

@@ -125,6 +125,10 @@ def check_operator(operator: str | None) -> str:
     return op
 
 
+EMPTY_BANK_NOTE = ("not evaluated: every training sample is deleted, so the model has no neighbours to retrieve "
+                   "and cannot predict")
+
+
 def _noop(stage: str, frac: float) -> None:
     pass
 
@@ -422,6 +426,9 @@ def _measure_after(run: LoadedMunkeyRun, journal: dict, keys, report: Progress, 
     after, req = None, {}
     if not todo:
         after, source_a = journal["metrics_before"], "unchanged: this request deleted nothing new"
+    elif journal["evaluate"] and len(run.bank) == 0:
+        # nothing left to retrieve, so nothing to predict with: the deletion is complete and is logged as such
+        source_a = EMPTY_BANK_NOTE
     elif journal["evaluate"]:
         from munkey_core.eval import evaluate as evaluation
 
