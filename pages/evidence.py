@@ -27,10 +27,19 @@ st.write("For an image, the model retrieves the K most similar training cases fr
          "combines them into its answer. Every answer below shows those cases; an uploaded image is also checked "
          "against every training image, at any size, to say whether it is a copy of one.")
 
+if len(run.bank) == 0:
+    st.error("The memory bank is empty: every training sample has been deleted, so there are no training cases "
+             "to show and nothing to predict with.", icon=":material/error:")
+    st.stop()
+
 with st.sidebar:
     mode = st.selectbox("Aggregation", MODES, format_func=MODE_LABELS.get, key="mode")
-    k_max = max(1, min(32, len(run.bank)))
-    k = st.slider("K (training cases retrieved)", 1, k_max, min(run.train_cfg.k, k_max), key="k")
+    k_max = min(32, len(run.bank))
+    if k_max > 1:
+        k = st.slider("K (training cases retrieved)", 1, k_max, min(run.train_cfg.k, k_max), key="k")
+    else:  # one training case left: nothing to choose
+        k = 1
+        st.caption("K = 1: the memory bank holds one training case.")
 
 source = st.radio("Query", ["Upload images", "Test sample"], horizontal=True, key="source")
 

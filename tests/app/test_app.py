@@ -311,3 +311,17 @@ def test_deletions_page_compares_with_a_retrained_model_only_where_one_exists(ti
     verdicts = [m.value for m in (*at.success, *at.error) if "Verdict against retraining" in m.value]
     assert verdicts and f"**{word}**" in verdicts[0]
     assert "nan" not in _texts(at) and "None" not in _texts(at)
+
+
+def test_evidence_page_with_one_training_case_left_and_with_none(tiny_run: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bank emptied by deletions (down to one case, then none) is a state a user can reach: the page says
+    so instead of failing on a K slider from 1 to 1 or on an empty search."""
+    run = MunkeyRun(tiny_run, device="cpu")
+    ids = run.bank.ids.tolist()
+    run.forget(ids[1:], operator="tester")
+    at = _page(_app(monkeypatch, tiny_run), "evidence")
+    assert not at.error and any("holds one training case" in c.value for c in at.caption)
+    MunkeyRun(tiny_run, device="cpu").forget(ids[:1], operator="tester")
+    at = _page(_app(monkeypatch, tiny_run), "evidence")
+    assert "memory bank is empty" in at.error[0].value
