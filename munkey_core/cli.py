@@ -523,7 +523,7 @@ def _free_dir(base: Path) -> Path:
 
 
 def cmd_unact(args: argparse.Namespace) -> int:
-    from munkey_core.unlearn.classforget import ClassEditor, guard_limits, request_left
+    from munkey_core.unlearn.classforget import ClassEditor, guard_limits, read_as_note, request_left
     from munkey_core.data.images import read_image_dir
     import dataclasses
 
@@ -554,6 +554,9 @@ def cmd_unact(args: argparse.Namespace) -> int:
             f"in {req.seconds:.3f} s\n  Af {req.before.Af:.2f} -> {req.after.Af:.2f}   Ar {req.before.Ar:.2f} -> "
             f"{req.after.Ar:.2f}   Delta " + (f"{req.delta:.2f} (oracle Af {req.oracle.Af:.2f}, Ar {req.oracle.Ar:.2f})"
                                                if req.oracle else "- (no class oracle: add --train-oracle)"))
+    note = read_as_note(req, editor.class_names)
+    if note:
+        text += f"\n  {note}"
     v = editor.af_verdict(req)
     row["verdict"] = v["verdict"]
     text += f"\n  verdict on the class: {v['verdict']}. {v['reason']}"

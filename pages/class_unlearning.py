@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from munkey_core.unlearn.classforget import ClassEditor, guard_limits, request_left
+from munkey_core.unlearn.classforget import ClassEditor, guard_limits, read_as_note, request_left
 from munkey_core.dashboard.classforget_job import ClassUnlearnJob, warm_up
 from munkey_core.run.loaded import classifier_runs_in
 from munkey_core.training.classifier import RESNET_PROFILES, train_classifier_run
@@ -195,6 +195,8 @@ if req.details.get("stop_reason") == "retain guard":
                f"than {guard_limits(req.details)}, so it was undone. The request's images on the result: "
                f"{request_left(req)}. Whether the class is gone from the test split is the "
                "verdict above; removing more from this model would cost the classes you keep.", icon=":material/shield:")
+if read_as_note(req, job.editor.class_names):
+    st.info(read_as_note(req, job.editor.class_names), icon=":material/info:")
 st.caption(f"The whole request took {job.elapsed:.1f} s (edit {req.seconds:.2f} s; the rest is measuring accuracy before "
            "and after" + (" and the comparisons)." if job.rows and len(job.rows) > 1 else ")."))
 st.plotly_chart(_curve_figure(job.curve, job.cfg.k), key="curve_final")

@@ -467,11 +467,17 @@ class ClassEditor:
             details.update(keys_deleted=len(ids))
         if uses_unact:
             t_unact = time.perf_counter()
-            model, res = self.run_unact(images_u8, cfg, on_round=on_round, bank=bank,
-                                        target=pseudo if munkey else None, **(unact_options or {}))
+            # a named class is the one UnAct suppresses: where the model reads the images as another class (e.g.
+            # the named one is already gone), following the pseudo-label would erase a class nobody asked about
+            target = int(cls) if cls is not None else (pseudo if munkey else None)
+            model, res = self.run_unact(images_u8, cfg, on_round=on_round, bank=bank, target=target,
+                                        **(unact_options or {}))
             excluded = time.perf_counter() - t_unact - res.seconds
-            pseudo = res.pseudo_label
-            details.update(rounds=len(res.rounds), units=len({u for r in res.rounds for u in r.selected}),
+            read_as = pseudo if munkey else int(np.argmax(res.mean_logits))  # what the unedited model predicts
+            if cls is not None and read_as != int(cls):
+                details.update(read_as=read_as)
+            pseudo = read_as
+            details.update(target=res.pseudo_label, rounds=len(res.rounds), units=len({u for r in res.rounds for u in r.selected}),
                            p=res.config.p, gamma=res.config.gamma, k=res.config.k, stop=res.config.stop,
                            stop_reason=res.stop_reason or "all rounds")
             if res.config.guard is not None:  # the retain guard: the kept classes' probe before and after
@@ -568,6 +574,17 @@ def guard_limits(details: dict) -> str:
     one kept class more than 10"), for the messages of the CLI and the Class unlearning page."""
     text = f"{details.get('guard', 0):g} points"
     return text if details.get("class_guard") is None else f"{text}, or one kept class more than {details['class_guard']:g}"
+
+
+def read_as_note(request: ClassRequest, class_names: Sequence[str]) -> str:
+    """When the unedited model read the request's images as another class than the one named (the named class
+    already gone, or images it gets wrong), what UnAct did about it; "" otherwise."""
+    seen = request.details.get("read_as")
+    if seen is None:
+        return ""
+    return (f"The unedited model read these images as class {seen} ({class_names[seen]}), not class {request.cls} "
+            f"({class_names[request.cls]}): UnAct suppressed class {request.cls}, the class named, and left class "
+            f"{seen} alone.")
 
 
 def request_left(request: ClassRequest) -> str:

@@ -12,7 +12,7 @@ import torch
 import pytest
 from PIL import Image
 
-from munkey_core.unlearn.classforget import ClassEditor, class_metrics
+from munkey_core.unlearn.classforget import ClassEditor, class_metrics, read_as_note
 from munkey_core.run.loaded import ClassifierRun
 from munkey_core.cli import main
 from _helpers import file_digests
@@ -171,6 +171,27 @@ def test_munkey_guard_stop_says_what_it_measured(tiny_run: Path, capsys) -> None
         assert "verdict on the class: not yet." in verdict_line and "The class is not gone." in verdict_line
     else:
         assert "not yet" not in verdict_line
+
+
+@pytest.mark.parametrize("which", ["munkey", "resnet"])
+def test_unact_suppresses_the_class_named_not_the_images_pseudo_label(tiny_run: Path, resnet_run: Path,
+                                                                       which: str) -> None:
+    """Images the model reads as class 3, filed as a request to remove class 5 (as when class 5 is already
+    gone and its images now read as another class): UnAct must suppress class 5, never class 3, which nobody
+    asked to remove. On the ResNet, following the pseudo-label instead drops class 3's Af like a removal."""
+    ed = ClassEditor(tiny_run if which == "munkey" else resnet_run, device="cpu")
+    images = ed.class_images(3, 25)
+    assert ed.pseudo_label(images) == 3  # the model does read them as 3
+    before = ed.metrics(3).Af
+    req, model, bank = ed.request("unact", images, cls=5)
+    assert req.cls == 5 and req.pseudo_label == 3 and req.details["read_as"] == 3
+    assert req.details["target"] == 5  # the class UnAct scored units against and dampened
+    control, removal, removal_bank = ed.request("unact", images)  # no class named: the pseudo-label is the target
+    assert control.details["target"] == 3 and "read_as" not in control.details
+    if which == "resnet":  # (the tiny MUNKEY run's retain guard stops both at round 0: no power there)
+        assert ed.metrics(3, model, bank).Af >= before - 10  # class 3 kept
+        assert ed.metrics(3, removal, removal_bank).Af <= before - 15  # where the pseudo-label is followed
+    assert "read these images as class 3" in read_as_note(req, ed.class_names)
 
 
 def test_a_request_that_runs_out_of_rounds_says_the_class_is_not_gone(resnet_run: Path, capsys) -> None:
