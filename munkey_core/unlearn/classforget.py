@@ -464,6 +464,10 @@ class ClassEditor:
         excluded = 0.0  # time spent measuring rounds for the caller, not part of the request
         if method.startswith("keys"):
             bank, ids = self.class_bank(pseudo if cls is None else int(cls))
+            if not len(ids) and method == "keys":
+                raise MunkeyError(f"Class {pseudo if cls is None else int(cls)} has no training sample left in this "
+                                  "run's memory bank (its keys were deleted earlier): key deletion has nothing to "
+                                  "remove. Nothing was changed.")
             details.update(keys_deleted=len(ids))
         if uses_unact:
             t_unact = time.perf_counter()
@@ -564,7 +568,8 @@ class ClassEditor:
         if isinstance(self.run, LoadedMunkeyRun) and request.method.startswith("keys"):
             new = open_recovered(out, device=str(self.device))
             ids = [int(i) for i in new.bank.ids[new.bank.labels == request.cls]]
-            forget(new, ids, operator=operator, source=f"class {request.cls} ({request.method})")
+            if ids:  # none when the class's keys were deleted earlier: the UnAct edit alone is saved
+                forget(new, ids, operator=operator, source=f"class {request.cls} ({request.method})")
         make_private(out)
         return out
 

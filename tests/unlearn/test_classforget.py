@@ -151,6 +151,25 @@ def test_munkey_class_key_deletion_and_unact(tiny_run: Path, capsys) -> None:
     assert row["stop"] == "forgotten" and row["p"] == 90.0  # the MUNKEY working point
 
 
+def test_a_class_whose_keys_are_already_gone(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    """Class 2's keys deleted by a first request: key deletion alone then has nothing to remove (refused,
+    no folder made), and keys+unact saves its UnAct edit with nothing more deleted (was: a refused
+    'names no sample id' deletion after the work was done)."""
+    first = tmp_path / "no_twos"
+    code, _, err = run_cli(capsys, "unact", str(tiny_run), "--class", "2", "--method", "keys", "--operator", "a",
+                           "--out", str(first))
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "unact", str(first), "--class", "2", "--method", "keys", "--operator", "a",
+                           "--out", str(tmp_path / "again"))
+    assert code == 2 and "has no training sample left" in err and not (tmp_path / "again").exists()
+    code, text, err = run_cli(capsys, "unact", str(first), "--class", "2", "--method", "keys+unact", "--operator",
+                              "a", "--out", str(tmp_path / "edited"), "--json")
+    assert code == 0, err
+    assert json.loads(text)["keys_deleted"] == 0 and len(load_bank(tmp_path / "edited")) == len(load_bank(first))
+    code, text, _ = run_cli(capsys, "audit", "verify", str(tmp_path / "edited"), "--json")
+    assert code == 0 and json.loads(text)["ok"]
+
+
 def test_munkey_guard_stop_says_what_it_measured(tiny_run: Path, capsys) -> None:
     """Every image of class 0 on the tiny run: the retain guard stops the request. The CLI says what the
     request's own images still show against the stop rule (the numbers of the request's details) and the
