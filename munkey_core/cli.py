@@ -618,6 +618,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; the run directory is unchanged or complete (writes are atomic)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output stopped early (`munkey predict ... | head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # else the interpreter's exit flush fails again on the closed pipe
+        return 141  # 128 + SIGPIPE, as a shell tool ends in a pipe
 
 
 if __name__ == "__main__":

@@ -226,3 +226,15 @@ def test_a_command_parses_and_helps_the_same_with_its_parser_alone() -> None:
     for name in ("forget", "train", "audit", "predict", "select", "demo", "unact", "evaluate"):
         alone = next(a for a in build_parser([name])._actions if isinstance(a, argparse._SubParsersAction)).choices
         assert list(alone) == [name] and alone[name].format_help() == sub[name].format_help(), name
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly(tiny_run: Path, digit_png: Path) -> None:
+    """`munkey predict RUN *.png | head -1`: the reader closes the pipe after one line; the command stops
+    with 141 (128 + SIGPIPE) and no traceback (it was a BrokenPipeError traceback and exit 1)."""
+    exe = Path(sys.executable).parent / "munkey"
+    proc = subprocess.Popen([str(exe), "predict", str(tiny_run), *[str(digit_png)] * 400],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"search:")
+    proc.stdout.close()  # what `head -1` does: 400 images' evidence (~400 KB) cannot fit the pipe's buffer
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 141 and b"Traceback" not in err and b"BrokenPipe" not in err, err
