@@ -26,6 +26,11 @@ import numpy as np
 FORGOTTEN, NOT_YET, CANNOT_TELL = "forgotten", "not yet", "cannot tell"
 Z95 = 1.959963984540054
 TOLERANCE = {"FA": 15.0, "MIA": 15.0, "Af": 10.0}  # widest half-interval (points) that still decides "forgotten"
+# Fewest deleted samples an AUC verdict is given on. Below it the Hanley-McNeil interval is too narrow: with
+# 1 / 2 / 3 / 5 samples never trained on (against 359 unseen) it misses 50 for 10 / 5 / 3.5 / 2.9 % of
+# requests instead of 2.5 % (simulated; tests/eval/test_verdicts.py), so "not yet" would be a false alarm
+# for one single-image request in ten.
+MIN_AUC_SAMPLES = 5
 
 
 def finite_number(x) -> bool:
@@ -96,7 +101,11 @@ def verdict(metric: str, value: float | None, target: float | None, *, n: int | 
     out["interval"] = [round(lo, 2), round(hi, 2)]
     t = float(target)
     what = f"{metric} {value:.1f} % (95 % interval {lo:.1f}-{hi:.1f}, {n} samples) vs {t:.1f} % {target_label}".rstrip()
-    if lo > t:
+    if metric == "MIA" and int(n) < MIN_AUC_SAMPLES:
+        out["reason"] = (f"MIA {value:.1f} % on {n} deleted sample(s): too few to tell; an AUC over fewer than "
+                         f"{MIN_AUC_SAMPLES} samples is often far from 50 by chance alone, even for samples never "
+                         "trained on.")
+    elif lo > t:
         out["verdict"] = NOT_YET
         out["reason"] = f"{what}: still above the target, so the model still remembers these samples."
     elif (hi - lo) / 2 > tol and hi >= t:

@@ -53,3 +53,24 @@ def test_class_matched_accuracy_weights_classes_by_the_forget_set() -> None:
     correct = np.array([1, 1, 0, 0, 1, 1], bool)  # class 0: 100 %, class 1: 50 %
     assert V.class_matched_accuracy(labels, correct, np.array([0, 1, 1, 1])) == pytest.approx(62.5)
     assert V.class_matched_accuracy(labels, correct, np.array([2])) is None
+
+
+def test_an_mia_verdict_on_samples_never_trained_on_is_rarely_not_yet() -> None:
+    """Calibration against known truth: "deleted" samples drawn from the same loss distribution as the 359
+    unseen ones (a model that never saw them). "not yet" must come at most about as often as a 95 % interval
+    allows (2.5 % one-sided) at every request size, single images included. Positive control: the bare
+    Hanley-McNeil interval on one sample misses 50 far more often (about 10 %): the check has power."""
+    rng = np.random.default_rng(0)
+    trials = 2000
+    for n in (1, 2, 3, 5, 10, 40):
+        not_yet = bare_misses = 0
+        for _ in range(trials):
+            neg, pos = rng.normal(size=359), rng.normal(size=n)
+            auc = 100 * float((pos[:, None] > neg[None, :]).mean())
+            not_yet += V.verdict("MIA", auc, 50.0, n=n, n_ref=359)["verdict"] == V.NOT_YET
+            bare_misses += V.auc_interval(auc, n, 359)[0] > 50
+        assert not_yet / trials <= 0.04, (n, not_yet / trials)
+        if n == 1:
+            assert bare_misses / trials >= 0.06, bare_misses / trials
+    one = V.verdict("MIA", 97.2, 50.0, n=1, n_ref=359)
+    assert one["verdict"] == V.CANNOT_TELL and "too few to tell" in one["reason"]
