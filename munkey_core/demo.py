@@ -14,7 +14,7 @@ from munkey_core.errors import MunkeyError
 from munkey_core.run.paths import RunPaths
 from munkey_core.service import MunkeyRun, train_run
 from munkey_core.data.sampling import random_ids
-from munkey_core.eval.verdicts import forgetting_verdicts
+from munkey_core.eval.verdicts import class_matched_n, forgetting_verdicts
 from munkey_core.model.predict import Predictions
 
 EXAMPLE_POOL = 20  # test samples the demo's example is chosen from
@@ -26,12 +26,13 @@ def _row(name: str, before: dict, after: dict) -> str:
     return f"  {name:<4} {f(before.get(name))}  ->  {f(after.get(name))}"
 
 
-def _receipt_verdicts(evidence: dict, n_test: int | None) -> list[str]:
+def _receipt_verdicts(evidence: dict, n_test: int | None, target_n: float | None = None) -> list[str]:
     """The receipt's reading of the deleted samples, in words: their FA against unseen test samples of the
-    same classes and their MIA against 50, each with its verdict (eval/verdicts.py), and what it cannot show."""
+    same classes (`target_n`: how many samples that target is worth) and their MIA against 50, each with its
+    verdict (eval/verdicts.py), and what it cannot show."""
     after = {"FA": evidence.get("request_FA_after"), "MIA": evidence.get("request_MIA"),
              "n_forget": evidence.get("ids_checked"), "n_test": n_test}
-    found = forgetting_verdicts(after, fa_target=evidence.get("TA_same_classes"),
+    found = forgetting_verdicts(after, fa_target=evidence.get("TA_same_classes"), fa_target_n=target_n,
                                 fa_target_label="on unseen test samples of the same classes")
     lines = ["\nthe receipt's reading of the deleted samples:"]
     lines += [f"  {v['metric']}: {v['verdict']}. {v['reason']}" for v in found]
@@ -106,6 +107,7 @@ def run_demo(out: Path, *, profile: str = "cpu", fraction: float = 0.1, device: 
         print_fn(_row(name, before, after))
     print_fn(f"  Ps   {before['Ps']:6.3f}  ->  {after['Ps']:6.3f}")
     if res is not None:
-        for line in _receipt_verdicts(res.entry.get("evidence") or {}, after.get("n_test")):
+        target_n = class_matched_n(ds.test.labels, ds.lookup(res.deleted).labels)  # the demo measures all test
+        for line in _receipt_verdicts(res.entry.get("evidence") or {}, after.get("n_test"), target_n):
             print_fn(line)
     return {"before": before, "after": after, "deleted": [] if res is None else res.deleted}

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from munkey_core.errors import MunkeyError
-from munkey_core.eval.verdicts import class_matched_accuracy, forgetting_verdicts
+from munkey_core.eval.verdicts import class_matched_accuracy, class_matched_n, forgetting_verdicts
 from munkey_core.eval.verdicts import overall as overall_verdict
 from munkey_core.dashboard.jobs import ProgressJob
 from munkey_core.model.predict import Predictions
@@ -317,8 +317,14 @@ def unseen_class_accuracy(run: MunkeyRun, forget_ids: Sequence[int], *, max_samp
     """FA's target: accuracy (percent) on unseen test samples of the deleted samples' classes (per class,
     weighted by the deleted samples' class counts), with the current bank. One pass over <= max_samples
     test images."""
+    return unseen_class_target(run, forget_ids, max_samples=max_samples)[0]
+
+
+def unseen_class_target(run: MunkeyRun, forget_ids: Sequence[int], *,
+                        max_samples: int = 2000) -> tuple[float | None, float | None]:
+    """(FA's target as `unseen_class_accuracy`, how many samples it is worth: `class_matched_n`)."""
     if len(forget_ids) == 0:
-        return None
+        return None, None
     ds = run.dataset
     idx = np.arange(len(ds.test))
     if max_samples and len(idx) > max_samples:
@@ -326,15 +332,16 @@ def unseen_class_accuracy(run: MunkeyRun, forget_ids: Sequence[int], *, max_samp
     pred = run.predict_rows("test", idx).argmax(axis=1)  # cached per bank state: usually no forward
     labels = ds.test.labels[idx]
     forget_labels = ds.lookup([int(i) for i in forget_ids]).labels
-    return class_matched_accuracy(labels, pred == labels, forget_labels)
+    return class_matched_accuracy(labels, pred == labels, forget_labels), class_matched_n(labels, forget_labels)
 
 
 def forgetting_assessment(run: MunkeyRun, after: dict, forget_ids: Sequence[int], *,
                           max_samples: int = 2000) -> dict:
     """Verdicts (eval/verdicts.py) for an evaluation's FA and MIA over the deleted samples `forget_ids`:
     FA against the unseen-sample accuracy of the same classes, MIA against 50. {"verdicts", "overall"}."""
-    target = unseen_class_accuracy(run, forget_ids, max_samples=max_samples) if after.get("FA") is not None else None
-    vs = forgetting_verdicts(after, fa_target=target,
+    target, target_n = (unseen_class_target(run, forget_ids, max_samples=max_samples) if after.get("FA") is not None
+                        else (None, None))
+    vs = forgetting_verdicts(after, fa_target=target, fa_target_n=target_n,
                              fa_target_label="(accuracy on unseen test samples of the same classes)")
     return {"verdicts": vs, "overall": overall_verdict(vs)}
 

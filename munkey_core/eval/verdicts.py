@@ -12,7 +12,9 @@ says one of three words:
 
 Targets: FA against the accuracy on unseen (test) samples of the same classes (`class_matched_accuracy`)
 or an oracle's FA; MIA (AUC %) against 50 (indistinguishable from unseen data); Af against the
-class oracle's Af or 0. Intervals: Wilson score for accuracies, Hanley & McNeil (1982) for an AUC.
+class oracle's Af or 0. Intervals: Wilson score for accuracies; Newcombe's hybrid score interval where the
+target is itself measured on samples (FA against unseen samples); Hanley & McNeil (1982) for an AUC, with
+no verdict below MIN_AUC_SAMPLES.
 The dashboard and the receipts use these same functions. Tests: tests/eval/test_verdicts.py.
 """
 
@@ -76,11 +78,40 @@ def class_matched_accuracy(test_labels: np.ndarray, test_correct: np.ndarray, fo
     return 100.0 * total / counts.sum()
 
 
+def class_matched_n(test_labels: np.ndarray, forget_labels: np.ndarray) -> float | None:
+    """How many samples `class_matched_accuracy` is worth (Kish's effective size of its weighted mean):
+    the test count when the forget set has the test split's class mix, one class's count when all the
+    forget samples share that class. None when a class has no test sample."""
+    test_labels = np.asarray(test_labels)
+    classes, counts = np.unique(np.asarray(forget_labels), return_counts=True)
+    if len(classes) == 0:
+        return None
+    shares, n_test = counts / counts.sum(), np.array([(test_labels == c).sum() for c in classes])
+    if not n_test.all():
+        return None
+    return float(1.0 / np.sum(shares ** 2 / n_test))
+
+
+def difference_interval(value: float, n: int, target: float, target_n: float,
+                        z: float = Z95) -> tuple[float, float]:
+    """95 % interval (percent) of an accuracy `value` on n samples, widened by the uncertainty of a
+    `target` that was itself measured on `target_n` samples: Newcombe's hybrid score interval for the
+    difference of two proportions (1998, method 10), shifted back onto `value`. Comparing `value` with a
+    measured target through the value's Wilson interval alone calls a model that never saw the samples
+    "not yet" for 8-21 % of 500-2,000-sample requests (against 359 unseen), not 2.5 %."""
+    l1, u1 = wilson_interval(value, n, z)
+    l2, u2 = wilson_interval(target, max(1, int(round(target_n))), z)
+    return (max(0.0, value - math.hypot(value - l1, u2 - target)), min(100.0, value + math.hypot(u1 - value, target - l2)))
+
+
 def verdict(metric: str, value: float | None, target: float | None, *, n: int | None = None,
-            n_ref: int | None = None, target_label: str = "", tolerance: float | None = None) -> dict:
+            n_ref: int | None = None, target_label: str = "", tolerance: float | None = None,
+            target_n: float | None = None) -> dict:
     """One forgetting number against its target. metric: "FA" or "Af" (accuracy %, n samples) or "MIA"
-    (AUC %, n forget vs n_ref unseen samples; target 50). Returns a JSON-ready dict: metric, value,
-    target, target_label, interval, n, verdict, reason (one plain sentence)."""
+    (AUC %, n forget vs n_ref unseen samples; target 50). `target_n`: for an accuracy whose target was
+    measured on samples (FA against unseen samples of the same classes: `class_matched_n`), their
+    effective count; the interval then carries the target's uncertainty too (`difference_interval`).
+    Returns a JSON-ready dict: metric, value, target, target_label, interval, n, verdict, reason."""
     tol = TOLERANCE.get(metric, 15.0) if tolerance is None else tolerance
     out = {"metric": metric, "value": float(value) if finite_number(value) else None,
            "target": float(target) if finite_number(target) else None, "target_label": target_label,
@@ -96,11 +127,15 @@ def verdict(metric: str, value: float | None, target: float | None, *, n: int | 
         return out
     if metric == "MIA":
         lo, hi = auc_interval(float(value), int(n), int(n_ref or 0))
+    elif finite_number(target_n) and target_n > 0:
+        lo, hi = difference_interval(float(value), int(n), float(target), float(target_n))
     else:
         lo, hi = wilson_interval(float(value), int(n))
     out["interval"] = [round(lo, 2), round(hi, 2)]
     t = float(target)
-    what = f"{metric} {value:.1f} % (95 % interval {lo:.1f}-{hi:.1f}, {n} samples) vs {t:.1f} % {target_label}".rstrip()
+    of_target = "; with the target's own uncertainty" if metric != "MIA" and finite_number(target_n) and target_n > 0 else ""
+    what = (f"{metric} {value:.1f} % (95 % interval {lo:.1f}-{hi:.1f}, {n} samples{of_target}) vs {t:.1f} % "
+            f"{target_label}").rstrip()
     if metric == "MIA" and int(n) < MIN_AUC_SAMPLES:
         out["reason"] = (f"MIA {value:.1f} % on {n} deleted sample(s): too few to tell; an AUC over fewer than "
                          f"{MIN_AUC_SAMPLES} samples is often far from 50 by chance alone, even for samples never "
@@ -120,10 +155,12 @@ def verdict(metric: str, value: float | None, target: float | None, *, n: int | 
 
 
 def forgetting_verdicts(after: dict, *, fa_target: float | None, fa_target_label: str,
-                        n_ref: int | None = None) -> list[dict]:
-    """Verdicts for an evaluation's FA and MIA (the `evaluate` dict: FA, MIA, n_forget, n_test)."""
+                        n_ref: int | None = None, fa_target_n: float | None = None) -> list[dict]:
+    """Verdicts for an evaluation's FA and MIA (the `evaluate` dict: FA, MIA, n_forget, n_test).
+    `fa_target_n`: the effective count of the samples `fa_target` was measured on (`class_matched_n`)."""
     n_forget = after.get("n_forget")
-    return [verdict("FA", after.get("FA"), fa_target, n=n_forget, target_label=fa_target_label),
+    return [verdict("FA", after.get("FA"), fa_target, n=n_forget, target_label=fa_target_label,
+                    target_n=fa_target_n),
             verdict("MIA", after.get("MIA"), 50.0, n=n_forget, n_ref=n_ref or after.get("n_test"),
                     target_label="(50 = indistinguishable from unseen data)")]
 

@@ -74,3 +74,33 @@ def test_an_mia_verdict_on_samples_never_trained_on_is_rarely_not_yet() -> None:
             assert bare_misses / trials >= 0.06, bare_misses / trials
     one = V.verdict("MIA", 97.2, 50.0, n=1, n_ref=359)
     assert one["verdict"] == V.CANNOT_TELL and "too few to tell" in one["reason"]
+
+
+def test_an_fa_verdict_carries_the_uncertainty_of_its_measured_target() -> None:
+    """Calibration against known truth: the deleted samples and the unseen test samples share one accuracy
+    (a model that never saw either). With the target's own sample count given, "not yet" stays near the
+    nominal 2.5 % at every request size; the Wilson interval of FA alone (the positive control) calls such
+    a model "not yet" for over 10 % of 2,000-sample requests. A real gap is still caught."""
+    rng = np.random.default_rng(1)
+    trials, n_test = 2000, 359
+    for p in (0.8, 0.95):
+        for n in (20, 126, 500, 2000):
+            fa = 100 * rng.binomial(n, p, size=trials) / n
+            ta = 100 * rng.binomial(n_test, p, size=trials) / n_test
+            with_target = np.mean([V.verdict("FA", f, t, n=n, target_n=n_test)["verdict"] == V.NOT_YET
+                                   for f, t in zip(fa, ta)])
+            assert with_target <= 0.04, (p, n, with_target)
+            if n == 2000:
+                alone = np.mean([V.verdict("FA", f, t, n=n)["verdict"] == V.NOT_YET for f, t in zip(fa, ta)])
+                assert alone >= 0.10, (p, alone)
+    caught = V.verdict("FA", 100.0, 80.0, n=126, target_n=n_test)
+    assert caught["verdict"] == V.NOT_YET and "target's own uncertainty" in caught["reason"]
+
+
+def test_class_matched_n_is_the_effective_size_of_the_weighted_target() -> None:
+    test = np.repeat(np.arange(10), 36)  # 36 unseen samples per class
+    assert V.class_matched_n(test, np.full(7, 3)) == pytest.approx(36)  # one class: its 36 samples
+    assert V.class_matched_n(test, np.repeat(np.arange(10), 5)) == pytest.approx(360)  # the test mix: all 360
+    # two classes, 3:1 -> 1 / (0.75^2 / 36 + 0.25^2 / 36) = 57.6
+    assert V.class_matched_n(test, np.array([1, 1, 1, 2])) == pytest.approx(57.6)
+    assert V.class_matched_n(test, np.array([11])) is None
