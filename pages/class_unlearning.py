@@ -195,8 +195,8 @@ if req.details.get("stop_reason") == "retain guard":
                f"than {guard_limits(req.details)}, so it was undone. The request's images on the result: "
                f"{request_left(req)}. Whether the class is gone from the test split is the "
                "verdict above; removing more from this model would cost the classes you keep.", icon=":material/shield:")
-if read_as_note(req, job.editor.class_names):
-    st.info(read_as_note(req, job.editor.class_names), icon=":material/info:")
+if note := read_as_note(req, job.editor.class_names):
+    st.info(note, icon=":material/info:")
 st.caption(f"The whole request took {job.elapsed:.1f} s (edit {req.seconds:.2f} s; the rest is measuring accuracy before "
            "and after" + (" and the comparisons)." if job.rows and len(job.rows) > 1 else ")."))
 st.plotly_chart(_curve_figure(job.curve, job.cfg.k), key="curve_final")

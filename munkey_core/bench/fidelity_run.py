@@ -123,9 +123,10 @@ class FidelityBench:
         self.design = design_label(self.inject_at)
         from munkey_core.config import resolve_profile, with_overrides
 
-        with_overrides(resolve_profile(args.profile).model, {"inject_at": self.inject_at})  # a bad L fails now
+        profile = resolve_profile(args.profile)
+        with_overrides(profile.model, {"inject_at": self.inject_at})  # a bad L fails now
         # and so do bad epochs, --vit-shift or --mia-refs (not after the hour of training they would follow)
-        with_overrides(resolve_profile(args.profile).train_for(args.dataset), {"epochs": getattr(args, "epochs", None)})
+        with_overrides(profile.train_for(args.dataset), {"epochs": getattr(args, "epochs", None)})
         shift = getattr(args, "vit_shift", None)
         if shift is not None and not 0 <= shift < 1:
             raise MunkeyError(f"--vit-shift is the plain ViT's random shift, a fraction of the image side from 0 (off, "

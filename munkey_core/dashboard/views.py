@@ -313,16 +313,11 @@ def delete_and_measure(run: MunkeyRun, ids: Sequence[int], *, operator: str, sub
     }
 
 
-def unseen_class_accuracy(run: MunkeyRun, forget_ids: Sequence[int], *, max_samples: int = 2000) -> float | None:
-    """FA's target: accuracy (percent) on unseen test samples of the deleted samples' classes (per class,
-    weighted by the deleted samples' class counts), with the current bank. One pass over <= max_samples
-    test images."""
-    return unseen_class_target(run, forget_ids, max_samples=max_samples)[0]
-
-
 def unseen_class_target(run: MunkeyRun, forget_ids: Sequence[int], *,
                         max_samples: int = 2000) -> tuple[float | None, float | None]:
-    """(FA's target as `unseen_class_accuracy`, how many samples it is worth: `class_matched_n`)."""
+    """FA's target: accuracy (percent) on unseen test samples of the deleted samples' classes (per class,
+    weighted by the deleted samples' class counts), with the current bank, and how many samples it is
+    worth (`class_matched_n`). One pass over <= max_samples test images."""
     if len(forget_ids) == 0:
         return None, None
     ds = run.dataset

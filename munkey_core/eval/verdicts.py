@@ -125,15 +125,16 @@ def verdict(metric: str, value: float | None, target: float | None, *, n: int | 
     if not n:
         out["reason"] = f"{metric} has no sample count, so its uncertainty is unknown."
         return out
+    with_target_noise = metric != "MIA" and finite_number(target_n) and target_n > 0
     if metric == "MIA":
         lo, hi = auc_interval(float(value), int(n), int(n_ref or 0))
-    elif finite_number(target_n) and target_n > 0:
+    elif with_target_noise:
         lo, hi = difference_interval(float(value), int(n), float(target), float(target_n))
     else:
         lo, hi = wilson_interval(float(value), int(n))
     out["interval"] = [round(lo, 2), round(hi, 2)]
     t = float(target)
-    of_target = "; with the target's own uncertainty" if metric != "MIA" and finite_number(target_n) and target_n > 0 else ""
+    of_target = "; with the target's own uncertainty" if with_target_noise else ""
     what = (f"{metric} {value:.1f} % (95 % interval {lo:.1f}-{hi:.1f}, {n} samples{of_target}) vs {t:.1f} % "
             f"{target_label}").rstrip()
     if metric == "MIA" and int(n) < MIN_AUC_SAMPLES:
