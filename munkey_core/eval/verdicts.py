@@ -25,6 +25,8 @@ from typing import Sequence
 
 import numpy as np
 
+from munkey_core.eval.metrics import class_weights
+
 FORGOTTEN, NOT_YET, CANNOT_TELL = "forgotten", "not yet", "cannot tell"
 Z95 = 1.959963984540054
 TOLERANCE = {"FA": 15.0, "MIA": 15.0, "Af": 10.0}  # widest half-interval (points) that still decides "forgotten"
@@ -65,31 +67,23 @@ def auc_interval(auc_percent: float, n_pos: int, n_neg: int, z: float = Z95) -> 
 def class_matched_accuracy(test_labels: np.ndarray, test_correct: np.ndarray, forget_labels: np.ndarray) -> float | None:
     """Accuracy (percent) on unseen test samples, per class weighted by the forget set's class counts:
     the FA a model that never saw the forget set is expected to reach. None when a class has no test sample."""
-    test_labels, test_correct = np.asarray(test_labels), np.asarray(test_correct, bool)
-    classes, counts = np.unique(np.asarray(forget_labels), return_counts=True)
-    if len(classes) == 0:
-        return None
-    total = 0.0
-    for c, n in zip(classes, counts):
-        mask = test_labels == c
-        if not mask.any():
-            return None
-        total += n * test_correct[mask].mean()
-    return 100.0 * total / counts.sum()
+    w = _matched_weights(test_labels, forget_labels)
+    return None if w is None else 100.0 * float(w @ np.asarray(test_correct, float))
 
 
 def class_matched_n(test_labels: np.ndarray, forget_labels: np.ndarray) -> float | None:
-    """How many samples `class_matched_accuracy` is worth (Kish's effective size of its weighted mean):
-    the test count when the forget set has the test split's class mix, one class's count when all the
-    forget samples share that class. None when a class has no test sample."""
-    test_labels = np.asarray(test_labels)
-    classes, counts = np.unique(np.asarray(forget_labels), return_counts=True)
-    if len(classes) == 0:
-        return None
-    shares, n_test = counts / counts.sum(), np.array([(test_labels == c).sum() for c in classes])
-    if not n_test.all():
-        return None
-    return float(1.0 / np.sum(shares ** 2 / n_test))
+    """How many samples `class_matched_accuracy` is worth (Kish's effective size of its weighted mean,
+    (sum w)^2 / sum w^2): the test count when the forget set has the test split's class mix, one class's
+    count when all the forget samples share that class. None when a class has no test sample."""
+    w = _matched_weights(test_labels, forget_labels)
+    return None if w is None else float(w.sum() ** 2 / np.sum(w ** 2))
+
+
+def _matched_weights(test_labels: np.ndarray, forget_labels: np.ndarray) -> np.ndarray | None:
+    """Test-sample weights (N_test,) giving the forget set's class mix (metrics.class_weights), or None
+    when the forget set is empty or has a class with no test sample (no unseen target for it)."""
+    keep, w = class_weights(forget_labels, test_labels)
+    return w if len(keep) and keep.all() else None
 
 
 def difference_interval(value: float, n: int, target: float, target_n: float,
