@@ -295,6 +295,16 @@ def _table(rows: list[tuple], head: tuple | None = None) -> str:
     return "".join(parts)
 
 
+def _difference_row(ev: dict) -> tuple[str, str | None]:
+    """FA minus the same-class accuracy with its 95 % interval. Receipts issued before the interval was
+    recorded render as they always did (their standard error, 0 on the forget side at FA 0 or 100 %)."""
+    diff, interval = ev.get("FA_minus_TA_same_classes"), ev.get("difference_interval")
+    if diff is not None and interval:
+        return "FA after minus that (95% interval)", f"{diff:+.2f} ({interval[0]:+.2f} to {interval[1]:+.2f})"
+    return ("FA after minus that (± its standard error)",
+            None if diff is None else f"{diff:+.2f} ± {ev.get('difference_se') or 0:.2f}")
+
+
 def _section(title: str, *tables: str, before: tuple = (), notes: tuple = ()) -> dict:
     return {"title": title, "tables": list(tables), "before": [p for p in before if p], "notes": list(notes)}
 
@@ -372,8 +382,7 @@ def render_html(receipt: dict) -> str:
             ("FA on this request's samples, before", ev.get("request_FA_before")),
             ("FA on this request's samples, after", ev.get("request_FA_after")),
             ("Accuracy on unseen test samples of the same classes", ev.get("TA_same_classes")),
-            ("FA after minus that (± its standard error)", None if ev.get("FA_minus_TA_same_classes") is None else
-             f"{ev['FA_minus_TA_same_classes']:+.2f} ± {ev.get('difference_se') or 0:.2f}"),
+            _difference_row(ev),
             ("MIA AUC on this request's samples (vs test)", ev.get("request_MIA")),
             ("MIA TPR at 1% / 0.1% FPR", None if ev.get("TPR@1%") is None else
              f"{ev['TPR@1%']:.2f} / {ev.get('TPR@0.1%'):.2f}"),

@@ -306,7 +306,7 @@ def delete_and_measure(run: MunkeyRun, ids: Sequence[int], *, operator: str, sub
         "oracle_note": ev.get("oracle_note"),
         # the deleted samples vs unseen test samples of their own classes, and what that does not show
         "same_class": {k: ev.get(k) for k in ("TA_same_classes", "FA_minus_TA_same_classes", "difference_se",
-                                              "TPR@1%", "TPR@0.1%", "same_class_note")},
+                                              "difference_interval", "TPR@1%", "TPR@0.1%", "same_class_note")},
         "assessment": forgetting_assessment(run, after, run.forgotten_ids, max_samples=max_samples) if after else None,
         "request_id": res.request_id, "log_entry": res.entry_seq,
         "entry_hash": res.entry_hash, "receipt_json": res.receipt, "receipt_html": res.receipt_html,

@@ -27,6 +27,7 @@ import numpy as np
 
 from munkey_core.eval.metrics import (MIA_CHEAP, accuracy, class_weights, cross_entropy, mia_auc, mia_tprs,
                                      pathway_sensitivity)
+from munkey_core.eval.verdicts import class_matched_n, proportion_difference_interval
 from munkey_core.run.loaded import LoadedMunkeyRun
 from munkey_core.run.paths import utc_now
 
@@ -34,7 +35,8 @@ Progress = Callable[[str, float], None]  # (stage, fraction done)
 
 SAME_CLASS_NOTE = (
     "The deleted samples are compared with unseen test samples of the same classes (weighted to the deleted "
-    "samples' class mix). A difference within about two standard errors, and a membership-attack AUC near 50, say "
+    "samples' class mix). A difference whose 95 % interval contains 0 (an interval that counts the uncertainty of "
+    "both sides, wide when few samples were deleted), and a membership-attack AUC near 50, say "
     "the model now treats the deleted samples, on average, like samples it never saw. This is a population "
     "comparison: it does not show that no single deleted sample is still recognised (a per-example attack, "
     "'munkey bench ulira', measures that), nor that the model matches one retrained without them (only a "
@@ -146,18 +148,23 @@ def request_accuracy_and_mia(run: LoadedMunkeyRun, ids: Sequence[int], max_sampl
 def same_class_comparison(forget_correct: np.ndarray, forget_labels: np.ndarray, test_correct: np.ndarray,
                           test_labels: np.ndarray) -> dict:
     """FA next to the accuracy on unseen test samples of the same classes, reweighted to the forget
-    samples' class mix (percent), their difference and its standard error (binomial, both sides)."""
+    samples' class mix (percent), their difference, its standard error (binomial, both sides) and its
+    95 % interval (`proportion_difference_interval`, with the reweighted test mean's effective count:
+    the standard error is 0 on the forget side when FA is 0 or 100 %, which one deleted sample always is)."""
     keep, w = class_weights(forget_labels, test_labels)  # w sums to 1 over the test samples of shared classes
     if not keep.any():
         return {"TA_same_classes": None, "FA_minus_TA_same_classes": None, "difference_se": None,
-                "same_class_note": SAME_CLASS_NOTE}
+                "difference_interval": None, "same_class_note": SAME_CLASS_NOTE}
     fa = float(np.mean(forget_correct[keep]))
     ta = float(np.sum(w * test_correct))
     var_f = fa * (1 - fa) / keep.sum()
     var_t = sum(w[test_labels == c].sum() ** 2 * _binom_var(test_correct[test_labels == c])
                 for c in np.unique(forget_labels[keep]))
+    low, high = proportion_difference_interval(100.0 * fa, int(keep.sum()), 100.0 * ta,
+                                               class_matched_n(test_labels, forget_labels[keep]))
     return {"TA_same_classes": 100.0 * ta, "FA_minus_TA_same_classes": 100.0 * (fa - ta),
-            "difference_se": 100.0 * float(np.sqrt(var_f + var_t)), "same_class_note": SAME_CLASS_NOTE}
+            "difference_se": 100.0 * float(np.sqrt(var_f + var_t)), "difference_interval": [low, high],
+            "same_class_note": SAME_CLASS_NOTE}
 
 
 def _binom_var(correct: np.ndarray) -> float:

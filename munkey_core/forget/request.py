@@ -445,7 +445,7 @@ def _measure_after(run: LoadedMunkeyRun, journal: dict, keys, report: Progress, 
                "request_MIA": req.get("MIA"), "MIA_attack": MIA_CHEAP, "oracle": None, "oracle_gaps": None,
                "oracle_note": ORACLE_NOTE,
                **{k: req.get(k) for k in ("TPR@1%", "TPR@0.1%", "TA_same_classes", "FA_minus_TA_same_classes",
-                                          "difference_se", "same_class_note")}})
+                                          "difference_se", "difference_interval", "same_class_note")}})
     notes = [n for n in [journal.get("samples_note")] if n]
     if recovered:
         notes.append("finished when the run was next opened, after the process filing it was interrupted")

@@ -360,3 +360,25 @@ def test_same_class_comparison_reweights_the_test_set_to_the_deleted_classes() -
     assert r["FA_minus_TA_same_classes"] == pytest.approx(75.0 - 62.5)
     se = np.sqrt(0.75 * 0.25 / 4 + 0.75 ** 2 * 0.25 / 4 + 0.25 ** 2 * 0.0)
     assert r["difference_se"] == pytest.approx(100 * se)
+    # its 95 % interval: Newcombe's hybrid score interval, written out here from Wilson's bounds, with the
+    # reweighted test mean worth Kish's 1 / sum(share^2 / n_class) = 1 / (0.75^2 / 4 + 0.25^2 / 2) ~ 6 samples
+    def wilson(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+        mid, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        return (mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n)
+
+    (l1, u1), (l2, u2) = wilson(0.75, 4), wilson(0.625, 6)
+    low, high = 0.125 - np.hypot(0.75 - l1, u2 - 0.625), 0.125 + np.hypot(u1 - 0.75, 0.625 - l2)
+    assert r["difference_interval"] == pytest.approx([100 * low, 100 * high], abs=1e-6)
+
+
+def test_one_deleted_sample_gets_an_interval_not_a_zero_error() -> None:
+    """A single deleted sample is always 0 or 100 % right, so FA's binomial error is 0 and "+77.78 ± 14"
+    reads as a sure leak; its 95 % interval says one sample cannot tell (it contains 0)."""
+    from munkey_core.eval.evaluate import same_class_comparison
+
+    t_y, t_ok = np.zeros(9, int), np.arange(9) < 2  # 2 of 9 unseen samples of its class right
+    r = same_class_comparison(np.array([True]), np.array([0]), t_ok, t_y)
+    low, high = r["difference_interval"]
+    assert r["FA_minus_TA_same_classes"] == pytest.approx(100 - 200 / 9)
+    assert low < 0 < r["FA_minus_TA_same_classes"] < high <= 100
+    assert low < r["FA_minus_TA_same_classes"] - 2 * r["difference_se"]  # wider than the error said

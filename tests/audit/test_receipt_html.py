@@ -120,3 +120,13 @@ def _cases() -> dict[str, dict]:
 def test_the_page_is_the_one_the_template_wrote() -> None:
     pages = {name: hashlib.sha256(render_html(r).encode("utf-8")).hexdigest() for name, r in _cases().items()}
     assert pages == _TEMPLATE_PAGES
+
+
+def test_a_receipt_with_the_difference_interval_shows_it() -> None:
+    r = copy.deepcopy(DOCS_SAMPLE)
+    ev = r["entry"]["body"]["evidence"]
+    ev.update({"FA_minus_TA_same_classes": 77.78, "difference_se": 13.86, "difference_interval": [-7.9, 93.1]})
+    text = _Page(render_html(r)).visible
+    assert "FA after minus that (95% interval) +77.78 (-7.90 to +93.10)" in text and "±" not in text
+    del ev["difference_interval"]  # a receipt issued before the interval was recorded: as it always read
+    assert "FA after minus that (± its standard error) +77.78 ± 13.86" in _Page(render_html(r)).visible

@@ -104,3 +104,14 @@ def test_class_matched_n_is_the_effective_size_of_the_weighted_target() -> None:
     # two classes, 3:1 -> 1 / (0.75^2 / 36 + 0.25^2 / 36) = 57.6
     assert V.class_matched_n(test, np.array([1, 1, 1, 2])) == pytest.approx(57.6)
     assert V.class_matched_n(test, np.array([11])) is None
+
+
+def test_difference_interval_matches_newcombes_worked_examples() -> None:
+    # Newcombe (1998), Statistics in Medicine 17:873-890, Table II, method 10 (hybrid score):
+    # 56/70 - 48/80 -> (0.0524, 0.3339); 9/10 - 3/10 -> (0.1705, 0.8090)
+    lo, hi = V.proportion_difference_interval(100 * 56 / 70, 70, 100 * 48 / 80, 80)
+    assert lo == pytest.approx(5.24, abs=0.01) and hi == pytest.approx(33.39, abs=0.01)
+    lo, hi = V.proportion_difference_interval(90.0, 10, 30.0, 10)
+    assert lo == pytest.approx(17.05, abs=0.01) and hi == pytest.approx(80.90, abs=0.01)
+    # the interval of the value itself stays inside 0-100
+    assert V.difference_interval(90.0, 10, 30.0, 10) == pytest.approx((47.05, 100.0), abs=0.01)
