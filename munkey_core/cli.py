@@ -185,7 +185,9 @@ def _add_unact(sub: argparse._SubParsersAction) -> None:
                    "forced down (the trivial suppression, for comparison)")
     p.add_argument("--p", type=float, default=None, help="percentile of units dampened each round (ResNet 99, ViT 85, MUNKEY backbone 90)")
     p.add_argument("--gamma", type=float, default=None, help="damping factor in (0, 1) (ResNet 0.01, ViT 0.1, MUNKEY 0.01)")
-    p.add_argument("--k", type=int, default=None, help="rounds (ResNet 20, ViT 5, MUNKEY 20)")
+    p.add_argument("--rounds", "--k", dest="k", type=int, default=None,
+                   help="rounds of damping, the paper's k (ResNet 20, ViT 5, MUNKEY 20); --k is the same option "
+                   "(not predict's --k, which counts neighbours)")
     p.add_argument("--score", default=None, choices=["activation", "attribution"],
                    help="ResNet unit score: attribution (default: activation x the channel's weight towards the "
                    "class logit; measured best, see docs/results) or activation (the paper's mean post-ReLU "

@@ -105,6 +105,7 @@ def test_unact_cli_from_a_folder_of_images_uses_the_pseudo_label(resnet_run: Pat
     (["--class", "3", "--p", "150"], "p must be"),
     (["--class", "3", "--gamma", "1"], "gamma"),
     (["--class", "3", "--k", "0"], "rounds"),
+    (["--class", "3", "--rounds", "0"], "rounds"),
     (["--class", "42"], "does not exist"),
     (["--class", "3", "--method", "keys"], "MUNKEY run"),
 ])
@@ -222,7 +223,8 @@ def test_a_request_that_runs_out_of_rounds_says_the_class_is_not_gone(resnet_run
     row = json.loads(text)
     assert row["stop_reason"] == "all rounds" and row["rounds"] == 1 and row["Af"] > 20
     assert row["verdict"] == "not yet"
-    code, text, err = run_cli(capsys, "unact", str(resnet_run), "--class", "3", "--n", "25", "--k", "1", "--no-save")
+    # --rounds is the same option as --k (the paper's name; predict's --k counts neighbours)
+    code, text, err = run_cli(capsys, "unact", str(resnet_run), "--class", "3", "--n", "25", "--rounds", "1", "--no-save")
     assert "verdict on the class: not yet." in text and "The class is not gone." in text
     assert "ran all its 1 round(s) without its stop rule finding the class forgotten" in text
 
