@@ -391,6 +391,8 @@ def _forget(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from munkey_core.service import MunkeyRun
 
+    if args.noise_floor and not args.oracle:
+        raise MunkeyError("--noise-floor N compares N more M-oracles with the M-oracle: add --oracle.")
     run = MunkeyRun(args.run, device=args.device, search=args.search)
     if args.oracle:
         from munkey_core.eval.oracles import evaluate_against_oracle

@@ -267,6 +267,29 @@ def test_predict_with_k_zero_is_refused_not_read_as_the_default(tiny_run: Path, 
     assert "K must be at least 1 (got 0)" in err
 
 
+def test_predict_on_a_folder_says_it_is_a_folder(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    code, _, err = run_cli(capsys, "predict", tiny_run, tmp_path)
+    assert_clean_refusal(code, err)
+    assert "is a folder, not an image file" in err and "does not exist" not in err
+
+
+def test_a_noise_floor_of_thousands_of_retrainings_is_refused_before_any(tiny_run: Path, tmp_path: Path,
+                                                                          capsys) -> None:
+    """--noise-floor 100000 began 100,000 retrainings of the model; --noise-floor without --oracle did nothing."""
+    assert run_cli(capsys, "forget", tiny_run, "--ids", "3", "--no-evaluate", *OP)[0] == 0
+    before = snapshot(tiny_run)
+    code, _, err = run_cli(capsys, "evaluate", tiny_run, "--oracle", "--noise-floor", "100000")
+    assert_clean_refusal(code, err)
+    assert "give 0 to 10" in err and snapshot(tiny_run) == before  # no oracle trained, nothing written
+    code, _, err = run_cli(capsys, "evaluate", tiny_run, "--noise-floor", "2")
+    assert_clean_refusal(code, err)
+    assert "add --oracle" in err
+    code, _, err = run_cli(capsys, "bench", "fidelity", "--profile", "tiny", "--floor-oracles", "11",
+                           "--work", tmp_path / "w")
+    assert_clean_refusal(code, err)
+    assert "give 0 to 10" in err and not (tmp_path / "w").exists()
+
+
 def test_no_command_writes_into_a_folder_that_is_not_a_run(tmp_path: Path, capsys) -> None:
     folder = _user_folder(tmp_path)
     img = tmp_path / "x.png"

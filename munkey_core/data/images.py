@@ -126,6 +126,8 @@ def decode_image(data: bytes, name: str = "upload") -> np.ndarray:
 def read_image_file(path: str | Path) -> np.ndarray:
     """Read an image file from disk -> (H, W, C) uint8."""
     path = Path(path)
+    if path.is_dir():
+        raise MunkeyError(f"{path} is a folder, not an image file; name the images in it (for example {path}/*.png).")
     if not path.is_file():
         raise MunkeyError(f"Image file {path} does not exist.")
     size = path.stat().st_size

@@ -42,6 +42,7 @@ ORACLE_DIR = "oracles"
 KINDS = ("munkey", "vit")
 TPR_KEYS = tuple(tpr_key(f) for f in LOW_FPRS)  # ("TPR@1%", "TPR@0.1%")
 _FLOOR_STEP = 1000  # noise-floor oracle j of seed s trains with seed s + 1000 j
+MAX_FLOOR_ORACLES = 10  # noise-floor oracles one evaluation or bench cell may ask for
 
 
 def forget_tag(ids: Sequence[int]) -> str:
@@ -60,7 +61,11 @@ def oracle_path(run_root: str | Path, ids: Sequence[int], kind: str, train_seed:
 
 
 def floor_seeds(seed: int, n: int) -> list[int]:
-    """Training seeds of `n` noise-floor oracles for a run trained with `seed` (never `seed` itself)."""
+    """Training seeds of `n` noise-floor oracles for a run trained with `seed` (never `seed` itself).
+    Refuses n over MAX_FLOOR_ORACLES: each is a full retraining, so a typo would mean days of training."""
+    if not 0 <= int(n) <= MAX_FLOOR_ORACLES:
+        raise MunkeyError(f"A noise floor of {n} oracles would retrain the model {n} times (each as long as "
+                          f"'munkey train'); give 0 to {MAX_FLOOR_ORACLES} (2 is usually enough to see the spread).")
     return [int(seed) + _FLOOR_STEP * j for j in range(1, n + 1)]
 
 
