@@ -273,6 +273,15 @@ def test_predict_on_a_folder_says_it_is_a_folder(tiny_run: Path, tmp_path: Path,
     assert "is a folder, not an image file" in err and "does not exist" not in err
 
 
+def test_a_receipt_folder_and_a_negative_n_get_messages_that_say_what_to_give(tiny_run: Path, capsys) -> None:
+    code, _, err = run_cli(capsys, "audit", "verify-receipt", tiny_run, tiny_run)
+    assert_clean_refusal(code, err)
+    assert "is a folder; give one receipt's .json file" in err
+    code, _, err = run_cli(capsys, "unact", tiny_run, "--class", "3", "--n", "-4", "--no-save")
+    assert_clean_refusal(code, err)
+    assert "or 0 for all of them (got -4)" in err  # it said "at least 1", hiding that 0 (the default) means all
+
+
 def test_a_noise_floor_of_thousands_of_retrainings_is_refused_before_any(tiny_run: Path, tmp_path: Path,
                                                                           capsys) -> None:
     """--noise-floor 100000 began 100,000 retrainings of the model; --noise-floor without --oracle did nothing."""

@@ -100,6 +100,8 @@ def append_with_receipt(root: str | Path, log: AuditLog, body: dict, *,
 def load_receipt(path: str | Path) -> dict:
     """A receipt JSON file; a missing, huge, binary, deeply nested or malformed file raises MunkeyError."""
     path = Path(path)
+    if path.is_dir():
+        raise MunkeyError(f"{path} is a folder; give one receipt's .json file in it.")
     if not path.is_file():
         raise MunkeyError(f"The receipt {path} does not exist.")
     if path.stat().st_size > MAX_RECEIPT_BYTES:

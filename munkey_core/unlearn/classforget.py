@@ -178,7 +178,8 @@ class ClassEditor:
         idx = np.flatnonzero(tr.labels == cls)
         if n:
             if n < 1:
-                raise MunkeyError(f"n must be at least 1 (got {n}).")
+                raise MunkeyError(f"n (--n) is how many of the class's training images to use: 1 or more, or 0 for all of "
+                                  f"them (got {n}).")
             idx = np.sort(np.random.default_rng(seed).choice(idx, size=min(int(n), len(idx)), replace=False))
         return tr.images[idx]
 
