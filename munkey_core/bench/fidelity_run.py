@@ -131,9 +131,9 @@ class FidelityBench:
         if shift is not None and not 0 <= shift < 1:
             raise MunkeyError(f"--vit-shift is the plain ViT's random shift, a fraction of the image side from 0 (off, "
                               f"lets it memorise) to below 1 (got {shift:g}).")
-        from munkey_core.eval.oracles import floor_seeds
+        from munkey_core.eval.oracles import check_floor_oracles
 
-        floor_seeds(0, int(getattr(args, "floor_oracles", 1)))  # --floor-oracles over the bound fails now too
+        check_floor_oracles(int(getattr(args, "floor_oracles", 1)))
         if getattr(args, "mia", "cheap") == "strong":
             from munkey_core.eval.mia import check_n_refs
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from munkey_core.eval.metrics import (MIA_CHEAP, accuracy, class_weights, cross_entropy, mia_auc, mia_tprs,
                                      pathway_sensitivity)
-from munkey_core.eval.verdicts import class_matched_n, proportion_difference_interval
+from munkey_core.eval.verdicts import effective_count, proportion_difference_interval
 from munkey_core.run.loaded import LoadedMunkeyRun
 from munkey_core.run.paths import utc_now
 
@@ -160,8 +160,7 @@ def same_class_comparison(forget_correct: np.ndarray, forget_labels: np.ndarray,
     var_f = fa * (1 - fa) / keep.sum()
     var_t = sum(w[test_labels == c].sum() ** 2 * _binom_var(test_correct[test_labels == c])
                 for c in np.unique(forget_labels[keep]))
-    low, high = proportion_difference_interval(100.0 * fa, int(keep.sum()), 100.0 * ta,
-                                               class_matched_n(test_labels, forget_labels[keep]))
+    low, high = proportion_difference_interval(100.0 * fa, int(keep.sum()), 100.0 * ta, effective_count(w))
     return {"TA_same_classes": 100.0 * ta, "FA_minus_TA_same_classes": 100.0 * (fa - ta),
             "difference_se": 100.0 * float(np.sqrt(var_f + var_t)), "difference_interval": [low, high],
             "same_class_note": SAME_CLASS_NOTE}

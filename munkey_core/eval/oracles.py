@@ -60,12 +60,17 @@ def oracle_path(run_root: str | Path, ids: Sequence[int], kind: str, train_seed:
     return Path(run_root) / ORACLE_DIR / f"random_{forget_tag(ids)}_{kind}{suffix}"
 
 
-def floor_seeds(seed: int, n: int) -> list[int]:
-    """Training seeds of `n` noise-floor oracles for a run trained with `seed` (never `seed` itself).
-    Refuses n over MAX_FLOOR_ORACLES: each is a full retraining, so a typo would mean days of training."""
+def check_floor_oracles(n: int) -> None:
+    """Refuse a noise floor of more than MAX_FLOOR_ORACLES oracles before any training: each is a full
+    retraining, so a typo would mean days of it."""
     if not 0 <= int(n) <= MAX_FLOOR_ORACLES:
         raise MunkeyError(f"A noise floor of {n} oracles would retrain the model {n} times (each as long as "
                           f"'munkey train'); give 0 to {MAX_FLOOR_ORACLES} (2 is usually enough to see the spread).")
+
+
+def floor_seeds(seed: int, n: int) -> list[int]:
+    """Training seeds of `n` noise-floor oracles for a run trained with `seed` (never `seed` itself)."""
+    check_floor_oracles(n)
     return [int(seed) + _FLOOR_STEP * j for j in range(1, n + 1)]
 
 

@@ -76,7 +76,12 @@ def class_matched_n(test_labels: np.ndarray, forget_labels: np.ndarray) -> float
     (sum w)^2 / sum w^2): the test count when the forget set has the test split's class mix, one class's
     count when all the forget samples share that class. None when a class has no test sample."""
     w = _matched_weights(test_labels, forget_labels)
-    return None if w is None else float(w.sum() ** 2 / np.sum(w ** 2))
+    return None if w is None else effective_count(w)
+
+
+def effective_count(weights: np.ndarray) -> float:
+    """Kish's effective sample size of a weighted mean with these (N,) weights: (sum w)^2 / sum w^2."""
+    return float(weights.sum() ** 2 / np.sum(weights ** 2))
 
 
 def _matched_weights(test_labels: np.ndarray, forget_labels: np.ndarray) -> np.ndarray | None:
