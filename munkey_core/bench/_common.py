@@ -28,6 +28,11 @@ def table(title: str, header: list[str], rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def num_or_dash(v: float | None, digits: int = 2) -> str:
+    """A table cell: the number with `digits` decimals, or "-" where it was not measured (None)."""
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
 def chunks(n: int, seed: int, start_id: int = 0):
     """Yield (ids, keys) chunks of clustered unit keys; the same seed gives the same rows."""
     import numpy as np

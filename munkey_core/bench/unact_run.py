@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 from tqdm.auto import tqdm
 
-from munkey_core.bench._common import mean_sd, write_tables
+from munkey_core.bench._common import mean_sd, num_or_dash, write_tables
 from munkey_core.unlearn.classforget import ClassEditor, ClassRequest, class_metrics
 from munkey_core.errors import MunkeyError
 from munkey_core.unlearn.ssd import SSDConfig, cached_importance, dampen, importance, reference_order
@@ -294,7 +294,7 @@ class UnactBench:
         what = method_prefix if isinstance(method_prefix, str) else ", ".join(method_prefix)
         self.lines += [f"### {section}: {what} per class", "", "| method | class | n | Af before | Af | Ar before "
                        "| Ar | Af* | Ar* | Delta |", "|---|---|---|---|---|---|---|---|---|---|"]
-        f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        f = num_or_dash
         for r in rows:
             self.lines.append(f"| {r['method']} | {r['class']} | {r['n']} | {f(r['Af_before'])} | {f(r['Af'])} | "
                               f"{f(r['Ar_before'])} | {f(r['Ar'])} | {f(r['Af_oracle'])} | {f(r['Ar_oracle'])} | "
@@ -310,7 +310,7 @@ class UnactBench:
                        "| rule | after request | class removed | rounds | stopped by | Af (this class) | "
                        "Af (all removed so far) | Ar (classes kept) | original's Ar on the same classes | s |",
                        "|---|---|---|---|---|---|---|---|---|---|"]
-        f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        f = num_or_dash
         for r in rows:
             self.lines.append(f"| {r['method']} | {r['requests']} | {r['class']} | {r.get('rounds', '-')} | "
                               f"{r.get('stop_reason', '-')} | {f(r.get('Af_this'))} | {r['Af']:.2f} | "
