@@ -241,6 +241,7 @@ def test_bench_fidelity_merge_csv_equals_one_invocation_over_the_seeds(cache_dir
     ("elpv", "tuned_strong", "0.1"),
     ("elpv", "tuned_strong/elpv_2pct", "0.02"),
     ("fashion-mnist", "tuned_strong/fashion80", "0.1"),
+    ("fashion-mnist", "tuned_strong/fashion80_2pct", "0.02"),
 ])
 def test_bench_fidelity_committed_tuned_table_is_what_its_csv_renders(dataset: str, folder: str, rates: str,
                                                                       tmp_path: Path,
