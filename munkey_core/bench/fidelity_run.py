@@ -458,6 +458,7 @@ class FidelityBench:
                         gap, floor = float(np.mean(sel)), float(np.mean(floors[o]))
                         lines.append(f"\n{m}: Avg Gap {gap:.2f} against a noise floor of {floor:.2f} "
                                      f"({gap - floor:+.2f} vs the floor).")
+            lines += self._retrain_pool_lines(here)
             lines += self._settings_lines(here)
             chosen = [f"seed {r['seed']}: epoch {r['epoch']}" for r in rows
                       if r["rate"] == rate and r["method"] == SELECTED]
@@ -478,6 +479,44 @@ class FidelityBench:
                           f"of {a.val_rate:g}): " + ", ".join(chosen) + "."]
             lines.append("")
         return "\n".join(lines)
+
+    @staticmethod
+    def _retrain_pool_lines(here: list[dict]) -> list[str]:
+        """Under a rate's table: MUNKEY's key deletion and its positive control against every retrain of their
+        split at once (the M-oracle and its floor oracles alike, so no single unlucky oracle decides), with
+        `eval.floors.relabelling_test`: could the row be one more retrain? Needs >= 1 floor oracle per seed."""
+        from munkey_core.eval.floors import relabelling_test
+        from munkey_core.eval.metrics import GAP_KEYS
+        from munkey_core.eval.verdicts import finite_number
+
+        out = []
+        for prefix in ("MUNKEY (key deletion", MUNKEY_NONE):
+            cells, name = [], ""
+            for seed in dict.fromkeys(r["seed"] for r in here):
+                mine = [r for r in here if r["seed"] == seed]
+                runs = [r for r in mine if r["method"].startswith(prefix)]
+                retrains = [r for r in mine if r["method"].startswith("Retrain (M-oracle") or r["method"] == FLOOR["M"]]
+                if len(runs) == 1 and len(retrains) >= 2 and all(finite_number(x[k]) for x in runs + retrains
+                                                                 for k in GAP_KEYS):
+                    cells.append((runs, retrains))
+                    name = runs[0]["method"]
+            if not cells:
+                continue
+            res = relabelling_test(cells)
+            sizes = sorted({len(o) for _, o in cells})
+            # which way the row sits: its metrics minus the mean of its split's retrains, averaged over seeds
+            signed = {k: float(np.mean([runs[0][k] - np.mean([o[k] for o in retrains]) for runs, retrains in cells]))
+                      for k in GAP_KEYS}
+            out.append(f"\n{name} against every retrain of its split ({' or '.join(map(str, sizes))} per seed: the "
+                       f"M-oracle and its floor oracles alike; {len(cells)} seed(s)): Avg Gap {res['gap']:.2f}, the "
+                       f"retrains among themselves {res['floor']:.2f} ({res['excess']:+.2f}); relabelling test "
+                       f"p = {res['p']:.{3 if res['p'] < 0.01 else 2}f} over {res['relabellings']} relabellings"
+                       + (f" (the smallest p they allow: {1 / res['relabellings']:.3f})" if res["exact"] else
+                          " (sampled)")
+                       + ": a low p tells the row apart from one more retrain. Signed offsets from its split's "
+                       "retrains (mean over seeds; FA and MIA above zero = the forgotten samples still recognised): "
+                       + ", ".join(f"{k} {v:+.2f}" for k, v in signed.items()) + ".")
+        return out
 
     def _settings_lines(self, here: list[dict]) -> list[str]:
         """Under a rate's table: each post-hoc method's settings, fixed and tuned (per seed, with the

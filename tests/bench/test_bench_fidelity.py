@@ -4,6 +4,7 @@ its oracle, tables written, and a re-run resumes from the cache without training
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from pathlib import Path
 
@@ -78,6 +79,23 @@ def test_bench_fidelity_noise_floor_and_controls_come_from_distinct_models(cache
     floor = (float(by[FLOOR["M"]][0]["AvgGap"]) + float(by[FLOOR["M"]][1]["AvgGap"])) / 2
     line = next(x for x in md.splitlines() if x.startswith("| MUNKEY (key deletion) |"))
     assert f"{floor:.2f}" in line.split("|")[10]  # the noise floor column beside the Avg Gap
+    # every retrain pooled (the M-oracle and both floor oracles alike), its relabelling p enumerated here:
+    # model j of the four labelled "the run", the others the retrains
+    models = [by["MUNKEY (key deletion)"][0], m_star, *by[FLOOR["M"]]]
+    gap = [[_gap(a, b) for b in models] for a in models]
+
+    def excess(j: int) -> float:
+        rest = [i for i in range(4) if i != j]
+        return sum(gap[j][i] for i in rest) / 3 - sum(gap[a][b] for a, b in itertools.combinations(rest, 2)) / 3
+
+    p = sum(excess(j) >= excess(0) - 1e-9 for j in range(4)) / 4
+    among = (gap[1][2] + gap[1][3] + gap[2][3]) / 3
+    pooled = next(x for x in md.splitlines() if x.startswith("MUNKEY (key deletion) against every retrain"))
+    assert f"Avg Gap {sum(gap[0][1:]) / 3:.2f}, the retrains among themselves {among:.2f}" in pooled
+    assert f"p = {p:.2f} over 4 relabellings" in pooled
+    fa_offset = float(models[0]["FA"]) - sum(float(m["FA"]) for m in models[1:]) / 3
+    assert f"FA {fa_offset:+.2f}, MIA" in pooled
+    assert any(x.startswith(MUNKEY_NONE + " against every retrain") for x in md.splitlines())
 
 
 def test_bench_fidelity_runs_and_resumes(cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
