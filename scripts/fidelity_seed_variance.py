@@ -217,7 +217,7 @@ def gap_table(args: argparse.Namespace) -> None:
     Models are grouped by dataset, forget rate, split and recipe (the profile's dataset recipe of their
     time with their --set on top: `effective_recipe`), so names are free."""
     from munkey_core.eval.metrics import avg_gap
-    from munkey_core.eval.floors import relabelling_test
+    from munkey_core.eval.floors import relabelling_test, signed_offsets
 
     groups: dict[tuple[str, float, int, str], dict] = {}  # (dataset, rate, split seed, recipe) -> runs, oracles
     pooled: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (run-vs-oracle gaps, floor)
@@ -284,8 +284,7 @@ def gap_table(args: argparse.Namespace) -> None:
               f"{np.mean(floors):.2f} (n={len(floors)}, {min(floors):.2f}-{max(floors):.2f}): "
               f"{np.mean(gaps) - np.mean(floors):+.2f}; splits within floor + 0.3: {within} of "
               f"{sum(1 for r, f in cells if r and f)}")
-        offsets = {m: [np.mean([a[m] - o[m] for a in r for o in orcs]) for r, orcs in split_cells[(dataset, rate, recipe)]
-                       if r and orcs] for m in ("TA", "FA", "MIA")}  # per split: mean signed run - oracle
+        offsets = signed_offsets(split_cells[(dataset, rate, recipe)], ("TA", "FA", "MIA"))  # per split
         if len(offsets["TA"]) >= 2:  # a systematic offset shows as a signed mean away from 0 on every split
             print("    run - oracle, signed, mean over splits (standard error; per split): " + "; ".join(
                 f"{m} {np.mean(v):+.2f} ({np.std(v, ddof=1) / np.sqrt(len(v)):.2f}; {' '.join(f'{x:+.2f}' for x in v)})"

@@ -485,7 +485,7 @@ class FidelityBench:
         """Under a rate's table: MUNKEY's key deletion and its positive control against every retrain of their
         split at once (the M-oracle and its floor oracles alike, so no single unlucky oracle decides), with
         `eval.floors.relabelling_test`: could the row be one more retrain? Needs >= 1 floor oracle per seed."""
-        from munkey_core.eval.floors import relabelling_test
+        from munkey_core.eval.floors import relabelling_test, signed_offsets
         from munkey_core.eval.metrics import GAP_KEYS
         from munkey_core.eval.verdicts import finite_number
 
@@ -504,9 +504,7 @@ class FidelityBench:
                 continue
             res = relabelling_test(cells)
             sizes = sorted({len(o) for _, o in cells})
-            # which way the row sits: its metrics minus the mean of its split's retrains, averaged over seeds
-            signed = {k: float(np.mean([runs[0][k] - np.mean([o[k] for o in retrains]) for runs, retrains in cells]))
-                      for k in GAP_KEYS}
+            signed = {k: float(np.mean(v)) for k, v in signed_offsets(cells).items()}  # mean over seeds
             out.append(f"\n{name} against every retrain of its split ({' or '.join(map(str, sizes))} per seed: the "
                        f"M-oracle and its floor oracles alike; {len(cells)} seed(s)): Avg Gap {res['gap']:.2f}, the "
                        f"retrains among themselves {res['floor']:.2f} ({res['excess']:+.2f}); relabelling test "

@@ -8,7 +8,7 @@ Gap to the oracles is no larger than that.
 `gap_verdict` reads one run's Avg Gap to its M-oracle against the floor in words (the dashboard's and
 `munkey evaluate --oracle`'s reading): within floor + 0.3 (issue 17's bar) or not, or "cannot tell"
 without a floor. `floor_excess` is the pooled figure the docs report: the mean run-vs-oracle gap minus the mean
-oracle-pair gap, over every cell. `relabelling_test` asks whether that excess is more than chance:
+oracle-pair gap, over every cell. `signed_offsets` says which way the runs sit. `relabelling_test` asks whether that excess is more than chance:
 under the null hypothesis that a run after deletion is one more draw of the retraining (the runs and
 the oracles of a cell are exchangeable), relabelling which models of each cell are the runs leaves
 the excess's distribution unchanged; the p-value is the share of relabellings whose excess is at
@@ -71,6 +71,15 @@ def floor_excess(cells: Sequence[Cell], keys: tuple[str, ...] = GAP_KEYS) -> tup
     if not cross or not within:
         raise ValueError("every cell needs a run and two oracles, and at least one cell: nothing to compare")
     return float(np.mean(cross)), float(np.mean(within))
+
+
+def signed_offsets(cells: Sequence[Cell], keys: tuple[str, ...] = GAP_KEYS) -> dict[str, list[float]]:
+    """Per metric, per cell with a run and an oracle: the runs' mean minus the oracles' mean (= the mean
+    signed run - oracle over the cell's pairs). Which way the runs sit, which Avg Gap's absolute values
+    hide: FA and MIA above zero on every cell = the deleted samples still recognised better than by
+    retrained models."""
+    return {k: [float(np.mean([r[k] for r in runs]) - np.mean([o[k] for o in oracles])) for runs, oracles in cells
+                if runs and oracles] for k in keys}
 
 
 def _cell_sums(runs: Sequence[Metrics], oracles: Sequence[Metrics],

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 import pytest
 
-from munkey_core.eval.floors import floor_excess, relabelling_test
+from munkey_core.eval.floors import floor_excess, relabelling_test, signed_offsets
 
 KEYS = ("TA", "RA", "FA", "MIA")
 
@@ -77,6 +77,15 @@ def test_uneven_cells_match_a_direct_enumeration() -> None:
     p, n = direct_p(cells)
     out = relabelling_test(cells)
     assert out["relabellings"] == n == 3 * 10 and out["p"] == pytest.approx(p, abs=1e-12)
+
+
+def test_signed_offsets_match_a_direct_computation() -> None:
+    """Per split: mean of the runs' metric minus mean of the oracles'; a cell without a run is skipped."""
+    offsets = signed_offsets(DIGITS_10 + [([], DIGITS_10[0][1])])
+    for k in KEYS:
+        expected = [np.mean([r[k] for r in runs]) - np.mean([o[k] for o in orcs]) for runs, orcs in DIGITS_10]
+        assert offsets[k] == pytest.approx(expected)
+    assert offsets["FA"][0] == pytest.approx((91.27 + 93.65 + 94.44) / 3 - (91.27 + 91.27 + 90.48) / 3)
 
 
 def test_a_run_that_remembers_is_found_and_the_oracles_alone_are_not() -> None:
