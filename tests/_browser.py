@@ -80,6 +80,21 @@ def idle(page, timeout_ms: int = 180_000) -> None:
     page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=timeout_ms)
 
 
+def click_until_shown(page, button, text: str, tries: int = 2, timeout_ms: int = 30_000) -> None:
+    """Click `button` until `text` shows, at most `tries` times: only for idempotent actions (tagging the
+    same ids twice changes nothing). A click that lands while Streamlit swaps the element out can be
+    lost on a loaded machine; the assertions after it still check what the click did."""
+    for attempt in range(tries):
+        button.click()
+        try:
+            page.get_by_text(text).wait_for(timeout=timeout_ms)
+            return
+        except Exception:  # playwright's TimeoutError; the last try re-raises it
+            if attempt == tries - 1:
+                raise
+            idle(page)
+
+
 def sign_in_as_operator(page, name: str = "E2E operator") -> None:
     """On the Deletion requests page: type the operator credential and the operator's name."""
     cred = page.get_by_label("Operator credential")

@@ -14,8 +14,8 @@ import pytest
 
 from munkey_core.run.rows import load_bank
 
-from _browser import (ARGS, CHROMIUM, NO_CHROMIUM, digit_png, hover_image_tooltip, idle, sign_in_as_operator,
-                      streamlit_server)
+from _browser import (ARGS, CHROMIUM, NO_CHROMIUM, click_until_shown, digit_png, hover_image_tooltip, idle,
+                      sign_in_as_operator, streamlit_server)
 
 sync_playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed "
                                       "(pip install playwright)").sync_playwright
@@ -118,8 +118,8 @@ def test_browser_samples_tags_and_embeddings_hover_image(server: str, tiny_run: 
         tag.fill("review")
         tag.press("Enter")
         idle(page)
-        page.get_by_role("button", name=f"Tag {n_wrong}", exact=True).click()
-        page.get_by_text(f"Tagged {n_wrong} sample(s) 'review'.").wait_for(timeout=30_000)
+        click_until_shown(page, page.get_by_role("button", name=f"Tag {n_wrong}", exact=True),
+                          f"Tagged {n_wrong} sample(s) 'review'.")
         assert len(read_tags(tiny_run).tags["review"]) == n_wrong
         page.get_by_text("Wrong only").click()  # off again: all samples, then only those tagged review
         idle(page)
