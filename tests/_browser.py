@@ -84,12 +84,14 @@ def click_until_shown(page, button, text: str, tries: int = 2, timeout_ms: int =
     """Click `button` until `text` shows, at most `tries` times: only for idempotent actions (tagging the
     same ids twice changes nothing). A click that lands while Streamlit swaps the element out can be
     lost on a loaded machine; the assertions after it still check what the click did."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     for attempt in range(tries):
         button.click()
         try:
             page.get_by_text(text).wait_for(timeout=timeout_ms)
             return
-        except Exception:  # playwright's TimeoutError; the last try re-raises it
+        except PlaywrightTimeout:  # only a confirmation that did not show; the last try re-raises it
             if attempt == tries - 1:
                 raise
             idle(page)
