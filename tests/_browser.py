@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 import urllib.request
 from pathlib import Path
 from typing import Iterator
@@ -83,17 +84,24 @@ def idle(page, timeout_ms: int = 180_000) -> None:
 def click_until_shown(page, button, text: str, tries: int = 2, timeout_ms: int = 30_000) -> None:
     """Click `button` until `text` shows, at most `tries` times: only for idempotent actions (tagging the
     same ids twice changes nothing). A click that lands while Streamlit swaps the element out can be
-    lost on a loaded machine; the assertions after it still check what the click did."""
+    lost on a loaded machine; the assertions after it still check what the click did. Each miss reports the
+    page's text (a warning when it tries again, the failure's message after the last try), so a flake
+    in CI says what the page showed instead."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for attempt in range(tries):
-        button.click()
+        step = "the click"
         try:
+            button.click(timeout=timeout_ms)
+            step = "the confirmation"
             page.get_by_text(text).wait_for(timeout=timeout_ms)
             return
-        except PlaywrightTimeout:  # only a confirmation that did not show; the last try re-raises it
+        except PlaywrightTimeout:  # the button or the confirmation did not show; the page's text says why
+            shown = " ".join(page.inner_text("body").split())[-1500:]
+            what = f"{text!r}: {step} timed out ({timeout_ms // 1000} s) on try {attempt + 1} of {tries}"
             if attempt == tries - 1:
-                raise
+                pytest.fail(f"{what}; the page ended with: {shown}")
+            warnings.warn(f"{what} (trying again); the page ended with: {shown}")
             idle(page)
 
 
