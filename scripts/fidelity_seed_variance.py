@@ -20,7 +20,8 @@ M-oracle of its recipe, the oracles' gaps to each other (the noise floor) and th
 (the positive control), from results.jsonl, grouped by dataset, forget rate, split and recipe (--set);
 pooled over splits, the excess over the floor, a relabelling test, and the signed run - oracle offset of
 TA, FA and MIA (a systematic offset, such as deleted images still recognised better, has one sign on
-every split, where retraining noise has both). `--offsets 0,1000` keeps training seeds S + offset only.
+every split, where retraining noise has both). `--offsets 0,1000` keeps training seeds S + offset only;
+`--attack strong` reads strong.jsonl (written by `strong`) instead: the same table with the strong attack.
 
 `train --set KEY=VALUE` changes the recipe (any ModelConfig/TrainConfig field, repeatable), so a
 candidate recipe is trained for a run and its oracles alike; `strong` trains its references with the
@@ -30,7 +31,9 @@ recipe of --recipe (cached in $SEEDVAR_DIR/refs_<recipe>).
 attack: the same two MUNKEY reference models `munkey bench fidelity --mia strong` trains for that seed
 (the recipe of --recipe, a run whose training seed is its split seed, as the bench's run), so a run of
 the bench's own training seed reproduces the table's row and another training seed shows what the
-row would have been with that run.
+row would have been with that run. Each model's measurements go to $SEEDVAR_DIR/strong.jsonl (a run's
+also with the forget set kept: the positive control), so naming every run and oracle of a split once
+gives `gaps --attack strong` what it needs.
 
 Models are cached under $SEEDVAR_DIR (default runs/seedvar); `train` appends one JSON line to
 $SEEDVAR_DIR/results.jsonl (TA/RA/FA/cheap MIA on the bench's evaluation sets, before and after the
@@ -175,6 +178,9 @@ def compare(args: argparse.Namespace) -> None:
 
 
 def strong(args: argparse.Namespace) -> None:
+    """Scores ORACLE and NAMES (forget set deleted) with the bench's strong attack and prints each one's Avg
+    Gap to ORACLE; appends each model's measurements (a run's also as trained: the positive control) to
+    strong.jsonl, in results.jsonl's format, so `gaps --attack strong` pools them over splits."""
     from munkey_core.eval.mia import StrongAttack
     from munkey_core.eval.oracles import gaps, train_reference_models
 
@@ -185,20 +191,38 @@ def strong(args: argparse.Namespace) -> None:
     refs = train_reference_models(recipe.config, ROOT / f"refs_{args.recipe}", family="munkey", n_refs=2,
                                   seed=seed, exclude_ids=forget, device="cpu")
     attack = StrongAttack(refs, ds, sets.forget, sets.test)
+    keys = ("TA", "RA", "FA", "MIA", *TPR_KEYS)
+    trained = {}  # name -> its results.jsonl line at the bench's rate (split, training seed, exclude, recipe)
+    for line in (ROOT / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("rate", RATE) == RATE:
+            trained[r["name"]] = r
 
-    def metrics(name: str) -> dict:
+    def metrics(name: str, delete: bool = True) -> dict:
         run = MunkeyRun(ROOT / name, device="cpu")
         bank = copy.deepcopy(run.bank)
-        bank.delete(forget)
+        if delete:
+            bank.delete(forget)
         k, tau = run.train_cfg.k, run.train_cfg.tau
         return measure(munkey_scorer(run.model, bank, ds, recipe.split_keys, k, tau), ds, sets, attack)
 
     oracle = metrics(args.oracle)
-    for name in [args.oracle, *args.names]:
+    for name in dict.fromkeys([args.oracle, *args.names]):
         m = metrics(name)
         row = {c: round(m[c], 2) for c in ("TA", "RA", "FA", "MIA", "TPR@1%", "TPR@0.1%")}
         row["AvgGap"] = round(gaps(m, oracle)["AvgGap"], 2)
         print(name, json.dumps(row), flush=True)
+        if name not in trained:
+            print(f"  ({name} has no results.jsonl line at the {RATE:g} rate: not recorded for `gaps --attack strong`)")
+            continue
+        rec = {**trained[name], "attack": "strong", "refs": f"refs_{args.recipe}"}
+        if rec["exclude"] == "none":  # a run: the forget set deleted, and as trained (no unlearning)
+            rec["after_deletion"] = {c: m[c] for c in keys}
+            rec["as_trained"] = {c: v for c, v in metrics(name, delete=False).items() if c in keys}
+        else:  # an oracle never saw the forget set
+            rec["as_trained"] = {c: m[c] for c in keys}
+        with open(ROOT / "strong.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
 
 
 def tprs(m: dict) -> str:
@@ -223,7 +247,7 @@ def gap_table(args: argparse.Namespace) -> None:
     pooled: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (run-vs-oracle gaps, floor)
     rows: dict[tuple[str, float, str], list[str]] = {}  # (dataset, rate, recipe) -> markdown rows, one per split
     split_cells: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (runs after deletion, oracles)
-    for line in (ROOT / "results.jsonl").read_text().splitlines():
+    for line in (ROOT / ("strong.jsonl" if args.attack == "strong" else "results.jsonl")).read_text().splitlines():
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
             continue
@@ -235,6 +259,7 @@ def gap_table(args: argparse.Namespace) -> None:
             g["oracles"][r["train_seed"]] = r["as_trained"]
         else:
             g["runs"][r["train_seed"]] = (r["after_deletion"], r["as_trained"])
+    print(f"{args.attack} attack")
     for (dataset, rate, split, recipe), g in sorted(groups.items()):
         orcs = sorted(g["oracles"].items())
         floor = [avg_gap(a, b) for i, (_, a) in enumerate(orcs) for _, b in orcs[i + 1:]]
@@ -318,7 +343,9 @@ def main() -> None:
     s.add_argument("oracle")
     s.add_argument("names", nargs="*")
     s.add_argument("--recipe", required=True, help="a run of this split trained with training seed = split seed")
-    gp = sub.add_parser("gaps", help="the cheap attack's Avg Gaps of every run, oracle pair and undeleted run")
+    gp = sub.add_parser("gaps", help="the Avg Gaps of every run, oracle pair and undeleted run")
+    gp.add_argument("--attack", choices=("cheap", "strong"), default="cheap",
+                    help="cheap (results.jsonl, default) or strong (strong.jsonl, written by `strong`)")
     gp.add_argument("--offsets", type=lambda v: [int(x) for x in v.split(",")], default=None,
                     help="only models of training seed S + offset on split S, e.g. 0,1000: recipes compared on the same seeds")
     gp.add_argument("--markdown", action="store_true", help="also print one markdown table per dataset, rate and recipe")
