@@ -10,7 +10,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -481,39 +481,71 @@ class FidelityBench:
         return "\n".join(lines)
 
     @staticmethod
-    def _retrain_pool_lines(here: list[dict]) -> list[str]:
-        """Under a rate's table: MUNKEY's key deletion and its positive control against every retrain of their
-        split at once (the M-oracle and its floor oracles alike, so no single unlucky oracle decides), with
-        `eval.floors.relabelling_test`: could the row be one more retrain? Needs >= 1 floor oracle per seed."""
-        from munkey_core.eval.floors import relabelling_test, signed_offsets
+    def _retrain_pool_cells(here: list[dict], oracle: str, row: Callable[[str], bool]) -> list[tuple[list[dict], list[dict]]]:
+        """Per seed, ([the row], every retrain of family `oracle`: its oracle and floor oracles) for the rows
+        `row(method)` accepts; seeds without one such row, two retrains or finite gap metrics are left out."""
         from munkey_core.eval.metrics import GAP_KEYS
         from munkey_core.eval.verdicts import finite_number
 
+        cells = []
+        for seed in dict.fromkeys(r["seed"] for r in here):
+            mine = [r for r in here if r["seed"] == seed]
+            runs = [r for r in mine if row(r["method"])]
+            retrains = [r for r in mine if (r["method"].startswith("Retrain (") and r["oracle"] == oracle)
+                        or r["method"] == FLOOR[oracle]]
+            if len(runs) == 1 and len(retrains) >= 2 and all(finite_number(x[k]) for x in runs + retrains
+                                                             for k in GAP_KEYS):
+                cells.append((runs, retrains))
+        return cells
+
+    @staticmethod
+    def _retrain_pool_lines(here: list[dict]) -> list[str]:
+        """Under a rate's table: each row against every retrain of its family on its split at once (the
+        oracle and its floor oracles alike, so no single unlucky oracle decides), with
+        `eval.floors.relabelling_test`: could the row be one more retrain? MUNKEY's key deletion and its
+        positive control as sentences, the plain-ViT rows (post-hoc methods, their positive control) as a
+        table. Needs >= 1 floor oracle per seed."""
+        from munkey_core.eval.floors import relabelling_test, signed_offsets
+
+        def p_text(res: dict) -> str:
+            return f"{res['p']:.{3 if res['p'] < 0.01 else 2}f}"
+
         out = []
         for prefix in ("MUNKEY (key deletion", MUNKEY_NONE):
-            cells, name = [], ""
-            for seed in dict.fromkeys(r["seed"] for r in here):
-                mine = [r for r in here if r["seed"] == seed]
-                runs = [r for r in mine if r["method"].startswith(prefix)]
-                retrains = [r for r in mine if r["method"].startswith("Retrain (M-oracle") or r["method"] == FLOOR["M"]]
-                if len(runs) == 1 and len(retrains) >= 2 and all(finite_number(x[k]) for x in runs + retrains
-                                                                 for k in GAP_KEYS):
-                    cells.append((runs, retrains))
-                    name = runs[0]["method"]
+            cells = FidelityBench._retrain_pool_cells(here, "M", lambda m, prefix=prefix: m.startswith(prefix))
             if not cells:
                 continue
+            name = cells[-1][0][0]["method"]
             res = relabelling_test(cells)
             sizes = sorted({len(o) for _, o in cells})
             signed = {k: float(np.mean(v)) for k, v in signed_offsets(cells).items()}  # mean over seeds
             out.append(f"\n{name} against every retrain of its split ({' or '.join(map(str, sizes))} per seed: the "
                        f"M-oracle and its floor oracles alike; {len(cells)} seed(s)): Avg Gap {res['gap']:.2f}, the "
                        f"retrains among themselves {res['floor']:.2f} ({res['excess']:+.2f}); relabelling test "
-                       f"p = {res['p']:.{3 if res['p'] < 0.01 else 2}f} over {res['relabellings']} relabellings"
+                       f"p = {p_text(res)} over {res['relabellings']} relabellings"
                        + (f" (the smallest p they allow: {1 / res['relabellings']:.3f})" if res["exact"] else
                           " (sampled)")
                        + ": a low p tells the row apart from one more retrain. Signed offsets from its split's "
                        "retrains (mean over seeds; FA and MIA above zero = the forgotten samples still recognised): "
                        + ", ".join(f"{k} {v:+.2f}" for k, v in signed.items()) + ".")
+        vit_rows = [m for m in dict.fromkeys(r["method"] for r in here if r["oracle"] == "T")
+                    if not m.startswith("Retrain (") and m != FLOOR["T"]]
+        table = []
+        for m in vit_rows:
+            cells = FidelityBench._retrain_pool_cells(here, "T", lambda x, m=m: x == m)
+            if not cells:
+                continue
+            res = relabelling_test(cells)
+            signed = {k: float(np.mean(v)) for k, v in signed_offsets(cells).items()}
+            smallest = f"{1 / res['relabellings']:.3f}" if res["exact"] else "sampled"
+            table.append(f"| {m} | {len(cells)} | {res['gap']:.2f} | {res['floor']:.2f} | {res['excess']:+.2f} | "
+                         f"{res['p']:.3f} ({smallest}) | " + " / ".join(f"{v:+.2f}" for v in signed.values()) + " |")
+        if table:
+            keys = " / ".join(signed_offsets(cells))
+            out += ["", "The plain-ViT rows against every retrain of their split (the T-oracle and its floor oracles "
+                    "alike), the same relabelling test: a low p tells the row apart from one more retrain.", "",
+                    f"| row | seeds | Avg Gap | retrains among themselves | excess | relabelling p (smallest "
+                    f"possible) | signed offsets {keys} (mean over seeds) |", "|---|---|---|---|---|---|---|", *table]
         return out
 
     def _settings_lines(self, here: list[dict]) -> list[str]:

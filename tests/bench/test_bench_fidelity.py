@@ -27,6 +27,19 @@ def _gap(row: dict, oracle: dict) -> float:
     return sum(abs(float(row[k]) - float(oracle[k])) for k in GAPS) / 4
 
 
+def _pooled_by_enumeration(models: list[dict]) -> tuple[float, float, float]:
+    """(row-vs-retrains Avg Gap, retrains among themselves, relabelling p) of models[0] against the three
+    retrains models[1:], each of the four models labelled "the row" in turn."""
+    gap = [[_gap(a, b) for b in models] for a in models]
+
+    def excess(j: int) -> float:
+        rest = [i for i in range(4) if i != j]
+        return sum(gap[j][i] for i in rest) / 3 - sum(gap[a][b] for a, b in itertools.combinations(rest, 2)) / 3
+
+    p = sum(excess(j) >= excess(0) - 1e-9 for j in range(4)) / 4
+    return sum(gap[0][1:]) / 3, (gap[1][2] + gap[1][3] + gap[2][3]) / 3, p
+
+
 def test_bench_fidelity_noise_floor_and_controls_come_from_distinct_models(cache_dir: Path, tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture) -> None:
     argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "tiny", "--seeds", "1", "--rates", "0.1",
@@ -79,22 +92,21 @@ def test_bench_fidelity_noise_floor_and_controls_come_from_distinct_models(cache
     floor = (float(by[FLOOR["M"]][0]["AvgGap"]) + float(by[FLOOR["M"]][1]["AvgGap"])) / 2
     line = next(x for x in md.splitlines() if x.startswith("| MUNKEY (key deletion) |"))
     assert f"{floor:.2f}" in line.split("|")[10]  # the noise floor column beside the Avg Gap
-    # every retrain pooled (the M-oracle and both floor oracles alike), its relabelling p enumerated here:
-    # model j of the four labelled "the run", the others the retrains
+    # every retrain pooled (the M-oracle and both floor oracles alike), its relabelling p enumerated here
     models = [by["MUNKEY (key deletion)"][0], m_star, *by[FLOOR["M"]]]
-    gap = [[_gap(a, b) for b in models] for a in models]
-
-    def excess(j: int) -> float:
-        rest = [i for i in range(4) if i != j]
-        return sum(gap[j][i] for i in rest) / 3 - sum(gap[a][b] for a, b in itertools.combinations(rest, 2)) / 3
-
-    p = sum(excess(j) >= excess(0) - 1e-9 for j in range(4)) / 4
-    among = (gap[1][2] + gap[1][3] + gap[2][3]) / 3
+    gap, among, p = _pooled_by_enumeration(models)
     pooled = next(x for x in md.splitlines() if x.startswith("MUNKEY (key deletion) against every retrain"))
-    assert f"Avg Gap {sum(gap[0][1:]) / 3:.2f}, the retrains among themselves {among:.2f}" in pooled
+    assert f"Avg Gap {gap:.2f}, the retrains among themselves {among:.2f}" in pooled
     assert f"p = {p:.2f} over 4 relabellings" in pooled
     fa_offset = float(models[0]["FA"]) - sum(float(m["FA"]) for m in models[1:]) / 3
     assert f"FA {fa_offset:+.2f}, MIA" in pooled
+    # the plain-ViT rows the same way, against the T-oracle and its floor oracles (not the M family's)
+    for row in (by["neggrad+"][0], by[VIT_NONE][0]):
+        vit_models = [row, t_star, *by[FLOOR["T"]]]
+        gap, among, p = _pooled_by_enumeration(vit_models)
+        offsets = " / ".join(f"{float(row[k]) - sum(float(m[k]) for m in vit_models[1:]) / 3:+.2f}" for k in GAPS)
+        assert (f"| {row['method']} | 1 | {gap:.2f} | {among:.2f} | {gap - among:+.2f} | {p:.3f} (0.250) | "
+                f"{offsets} |") in md.splitlines()
     assert any(x.startswith(MUNKEY_NONE + " against every retrain") for x in md.splitlines())
 
 
