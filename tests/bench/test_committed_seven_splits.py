@@ -1,0 +1,62 @@
+"""The committed seven-split tables of the digits default (docs/results/default_seven_splits/) are what
+`scripts/fidelity_seed_variance.py gaps` prints from the committed per-model lines beside them, and their
+pooled figures are recomputed here from those lines without the script's own pooling."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDER = ROOT / "docs" / "results" / "default_seven_splits"
+GAPS = ("TA", "RA", "FA", "MIA")
+
+
+def _gaps_output(attack: str) -> str:
+    env = {**os.environ, "SEEDVAR_DIR": str(FOLDER)}
+    out = subprocess.run([sys.executable, "scripts/fidelity_seed_variance.py", "gaps", "--attack", attack,
+                          "--markdown"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize(("attack", "table"), [("cheap", "gaps_cheap.txt"), ("strong", "gaps_strong.txt")])
+def test_committed_seven_split_table_is_what_its_lines_render(attack: str, table: str) -> None:
+    assert _gaps_output(attack) == (FOLDER / table).read_text()
+
+
+def _avg_gap(a: dict, b: dict) -> float:
+    return sum(abs(a[k] - b[k]) for k in GAPS) / 4
+
+
+@pytest.mark.parametrize(("attack", "lines"), [("cheap", "results.jsonl"), ("strong", "strong.jsonl")])
+def test_committed_seven_split_pooled_figures_recomputed(attack: str, lines: str) -> None:
+    """10%: the pooled run-vs-oracle gap, the oracle-pair floor and the signed FA offset per split, from
+    the JSON lines directly (runs after deletion against every oracle of their split)."""
+    runs, oracles = {}, {}
+    for line in (FOLDER / lines).read_text().splitlines():
+        r = json.loads(line)
+        if r.get("rate", 0.1) != 0.1:
+            continue
+        if r["exclude"] == "none":
+            runs.setdefault(r["split_seed"], {})[r["train_seed"]] = r["after_deletion"]
+        elif r["exclude"] == "forget":
+            oracles.setdefault(r["split_seed"], {})[r["train_seed"]] = r["as_trained"]
+    assert sorted(runs) == sorted(oracles) == list(range(7))
+    cross = [_avg_gap(a, o) for s in runs for a in runs[s].values() for o in oracles[s].values()]
+    floor = [_avg_gap(a, b) for s in oracles for a, b in itertools.combinations(oracles[s].values(), 2)]
+    fa = [np.mean([a["FA"] for a in runs[s].values()]) - np.mean([o["FA"] for o in oracles[s].values()])
+          for s in sorted(runs)]
+    text = (FOLDER / f"gaps_{attack}.txt").read_text()
+    pooled = next(x for x in text.splitlines() if x.strip().startswith("digits, 10%, recipe") and "run vs oracle" in x)
+    assert f"run vs oracle {np.mean(cross):.2f} (n={len(cross)}" in pooled
+    assert f"against a floor of {np.mean(floor):.2f} (n={len(floor)}" in pooled
+    offsets = next(x for x in text.splitlines() if "run - oracle, signed" in x and f"FA {np.mean(fa):+.2f}" in x)
+    assert " ".join(f"{v:+.2f}" for v in fa) in offsets
