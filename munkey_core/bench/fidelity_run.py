@@ -506,6 +506,7 @@ class FidelityBench:
         positive control as sentences, the plain-ViT rows (post-hoc methods, their positive control) as a
         table. Needs >= 1 floor oracle per seed."""
         from munkey_core.eval.floors import relabelling_test, signed_offsets
+        from munkey_core.eval.metrics import GAP_KEYS
 
         def p_text(res: dict) -> str:
             return f"{res['p']:.{3 if res['p'] < 0.01 else 2}f}"
@@ -541,7 +542,7 @@ class FidelityBench:
             table.append(f"| {m} | {len(cells)} | {res['gap']:.2f} | {res['floor']:.2f} | {res['excess']:+.2f} | "
                          f"{res['p']:.3f} ({smallest}) | " + " / ".join(f"{v:+.2f}" for v in signed.values()) + " |")
         if table:
-            keys = " / ".join(signed_offsets(cells))
+            keys = " / ".join(GAP_KEYS)  # signed_offsets' keys, in its order
             out += ["", "The plain-ViT rows against every retrain of their split (the T-oracle and its floor oracles "
                     "alike), the same relabelling test: a low p tells the row apart from one more retrain.", "",
                     f"| row | seeds | Avg Gap | retrains among themselves | excess | relabelling p (smallest "
