@@ -28,7 +28,7 @@ def _gaps_output(attack: str, folder: Path = FOLDER) -> str:
 
 
 @pytest.mark.parametrize(("attack", "table"), [("cheap", "gaps_cheap.txt"), ("strong", "gaps_strong.txt"),
-                                               ("cheap", "skip015/gaps_cheap.txt")])
+                                               ("cheap", "skip015/gaps_cheap.txt"), ("strong", "skip015/gaps_strong.txt")])
 def test_committed_seven_split_table_is_what_its_lines_render(attack: str, table: str) -> None:
     folder = (FOLDER / table).parent
     assert _gaps_output(attack, folder) == (FOLDER / table).read_text()
