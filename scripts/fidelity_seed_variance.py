@@ -64,6 +64,7 @@ from munkey_core.training.runs import train_run
 
 ROOT = Path(os.environ.get("SEEDVAR_DIR", "runs/seedvar"))
 RATE = 0.1  # the bench's forget fraction
+KEPT = ("TA", "RA", "FA", "MIA", *TPR_KEYS)  # what a results line keeps: the attack's AUC and its TPR at 1% / 0.1% FPR
 
 
 # the cpu profile's per-dataset recipe (config.py `dataset_recipe`) before 2026-12-04, when digits added
@@ -125,17 +126,16 @@ def train(args: argparse.Namespace) -> None:
     forget = random_ids(run.dataset.train.ids, args.rate, args.split_seed)
     sets = eval_sets(run.dataset, forget, max_samples=2000, seed=args.split_seed)  # the bench's samples
     k, tau = run.train_cfg.k, run.train_cfg.tau
-    keys = ("TA", "RA", "FA", "MIA", *TPR_KEYS)  # the cheap attack's AUC and its TPR at 1% / 0.1% FPR
     res = {"name": args.name, "dataset": args.dataset, "split_seed": args.split_seed, "train_seed": args.train_seed, "exclude": args.exclude,
            "set": recipe, "recipe": {**PROFILES["cpu"].dataset_recipe.get(args.dataset, {}), **recipe}, "rate": args.rate,
            "n_train": len(run.bank), "seconds": round(time.time() - t0)}
     m = measure(munkey_scorer(run.model, run.bank, run.dataset, run.split_keys, k, tau), run.dataset, sets)
-    res["as_trained"] = {c: m[c] for c in keys}
+    res["as_trained"] = {c: m[c] for c in KEPT}
     if args.exclude == "none":
         bank = copy.deepcopy(run.bank)
         bank.delete(forget)
         m = measure(munkey_scorer(run.model, bank, run.dataset, run.split_keys, k, tau), run.dataset, sets)
-        res["after_deletion"] = {c: m[c] for c in keys}
+        res["after_deletion"] = {c: m[c] for c in KEPT}
     hist = json.loads((out / "history.json").read_text())
     res["val_acc_every_10_epochs"] = [round(h.get("val_acc", -1), 1) for h in hist[9::10]]
     print(json.dumps(res))
@@ -191,7 +191,6 @@ def strong(args: argparse.Namespace) -> None:
     refs = train_reference_models(recipe.config, ROOT / f"refs_{args.recipe}", family="munkey", n_refs=2,
                                   seed=seed, exclude_ids=forget, device="cpu")
     attack = StrongAttack(refs, ds, sets.forget, sets.test)
-    keys = ("TA", "RA", "FA", "MIA", *TPR_KEYS)
     trained = {}  # name -> its results.jsonl line at the bench's rate (split, training seed, exclude, recipe)
     for line in (ROOT / "results.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -208,8 +207,8 @@ def strong(args: argparse.Namespace) -> None:
 
     oracle = metrics(args.oracle)
     for name in dict.fromkeys([args.oracle, *args.names]):
-        m = metrics(name)
-        row = {c: round(m[c], 2) for c in ("TA", "RA", "FA", "MIA", "TPR@1%", "TPR@0.1%")}
+        m = oracle if name == args.oracle else metrics(name)  # the oracle is measured once
+        row = {c: round(m[c], 2) for c in KEPT}
         row["AvgGap"] = round(gaps(m, oracle)["AvgGap"], 2)
         print(name, json.dumps(row), flush=True)
         if name not in trained:
@@ -217,10 +216,10 @@ def strong(args: argparse.Namespace) -> None:
             continue
         rec = {**trained[name], "attack": "strong", "refs": f"refs_{args.recipe}"}
         if rec["exclude"] == "none":  # a run: the forget set deleted, and as trained (no unlearning)
-            rec["after_deletion"] = {c: m[c] for c in keys}
-            rec["as_trained"] = {c: v for c, v in metrics(name, delete=False).items() if c in keys}
+            rec["after_deletion"] = {c: m[c] for c in KEPT}
+            rec["as_trained"] = {c: v for c, v in metrics(name, delete=False).items() if c in KEPT}
         else:  # an oracle never saw the forget set
-            rec["as_trained"] = {c: m[c] for c in keys}
+            rec["as_trained"] = {c: m[c] for c in KEPT}
         with open(ROOT / "strong.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
 
