@@ -8,6 +8,12 @@ training button needs it). The server listens on localhost only (.streamlit/conf
 
 import streamlit as st
 
+from munkey_core.dashboard.astlock import serialise_ast_parsing
+
+# Streamlit parses each page on every rerun while background jobs load .npy files (numpy parses their
+# headers): on CPython 3.11.0-3.11.7 / 3.12.0-3.12.1 two parses at once can fail, so they take turns
+serialise_ast_parsing()
+
 st.set_page_config(page_title="MUNKEY: unlearning by design", page_icon=":material/key:", layout="wide")
 
 PAGES = [
