@@ -21,6 +21,7 @@ import threading
 # [first affected, first fixed) per minor release
 AFFECTED = (((3, 11, 0), (3, 11, 8)), ((3, 12, 0), (3, 12, 2)))
 
+_INSTALL_LOCK = threading.Lock()
 PARSE_LOCK = threading.RLock()  # held for each parse; re-entrant: a finaliser run by the garbage collector inside a parse may parse too
 
 
@@ -33,11 +34,17 @@ def affected(version: tuple[int, int, int] | None = None) -> bool:
 def serialise_ast_parsing(force: bool = False) -> bool:
     """Make `ast.parse` hold one process-wide lock, on an affected release (or with `force`). Idempotent:
     a second call changes nothing. Returns whether `ast.parse` is now the locked one."""
-    if getattr(ast.parse, "_munkey_locked", False):
+    with _INSTALL_LOCK:  # two sessions' script threads may run app.py at once: wrap once
+        if getattr(ast.parse, "_munkey_locked", False):
+            return True
+        if not (force or affected()):
+            return False
+        ast.parse = _locked(ast.parse)  # numpy's literal_eval reaches it too: it looks `parse` up in the ast module
         return True
-    if not (force or affected()):
-        return False
-    parse = ast.parse
+
+
+def _locked(parse):  # type: ignore[no-untyped-def]
+    """`parse` behind PARSE_LOCK, marked as such and keeping the original (for `restore_ast_parsing`)."""
 
     @functools.wraps(parse)
     def locked_parse(*args, **kwargs):  # type: ignore[no-untyped-def]  (ast.parse's own signature)
@@ -45,13 +52,13 @@ def serialise_ast_parsing(force: bool = False) -> bool:
             return parse(*args, **kwargs)
 
     locked_parse._munkey_locked = True  # type: ignore[attr-defined]
-    locked_parse._munkey_unlocked = parse  # type: ignore[attr-defined]  (for tests that compare both)
-    ast.parse = locked_parse  # numpy's literal_eval reaches it too: it looks `parse` up in the ast module
-    return True
+    locked_parse._munkey_unlocked = parse  # type: ignore[attr-defined]
+    return locked_parse
 
 
 def restore_ast_parsing() -> None:
     """Undo `serialise_ast_parsing` (tests)."""
-    original = getattr(ast.parse, "_munkey_unlocked", None)
-    if original is not None:
-        ast.parse = original
+    with _INSTALL_LOCK:
+        original = getattr(ast.parse, "_munkey_unlocked", None)
+        if original is not None:
+            ast.parse = original
