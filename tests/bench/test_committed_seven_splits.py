@@ -27,8 +27,10 @@ def _gaps_output(attack: str, folder: Path = FOLDER) -> str:
     return out.stdout
 
 
-@pytest.mark.parametrize(("attack", "table"), [("cheap", "gaps_cheap.txt"), ("strong", "gaps_strong.txt"),
-                                               ("cheap", "skip015/gaps_cheap.txt"), ("strong", "skip015/gaps_strong.txt")])
+DRAWS = ("", "skip015/", "draw2/", "skip015/draw2/")  # each recipe's first and second draw of training seeds
+
+
+@pytest.mark.parametrize(("attack", "table"), [(a, f"{d}gaps_{a}.txt") for d in DRAWS for a in ("cheap", "strong")])
 def test_committed_seven_split_table_is_what_its_lines_render(attack: str, table: str) -> None:
     folder = (FOLDER / table).parent
     assert _gaps_output(attack, folder) == (FOLDER / table).read_text()
@@ -38,12 +40,13 @@ def _avg_gap(a: dict, b: dict) -> float:
     return sum(abs(a[k] - b[k]) for k in GAPS) / 4
 
 
+@pytest.mark.parametrize("draw", DRAWS)
 @pytest.mark.parametrize(("attack", "lines"), [("cheap", "results.jsonl"), ("strong", "strong.jsonl")])
-def test_committed_seven_split_pooled_figures_recomputed(attack: str, lines: str) -> None:
+def test_committed_seven_split_pooled_figures_recomputed(attack: str, lines: str, draw: str) -> None:
     """10%: the pooled run-vs-oracle gap, the oracle-pair floor and the signed FA offset per split, from
     the JSON lines directly (runs after deletion against every oracle of their split)."""
     runs, oracles = {}, {}
-    for line in (FOLDER / lines).read_text().splitlines():
+    for line in (FOLDER / draw / lines).read_text().splitlines():
         r = json.loads(line)
         if r.get("rate", 0.1) != 0.1:
             continue
@@ -56,8 +59,9 @@ def test_committed_seven_split_pooled_figures_recomputed(attack: str, lines: str
     floor = [_avg_gap(a, b) for s in oracles for a, b in itertools.combinations(oracles[s].values(), 2)]
     fa = [np.mean([a["FA"] for a in runs[s].values()]) - np.mean([o["FA"] for o in oracles[s].values()])
           for s in sorted(runs)]
-    text = (FOLDER / f"gaps_{attack}.txt").read_text()
+    text = (FOLDER / draw / f"gaps_{attack}.txt").read_text()
     pooled = next(x for x in text.splitlines() if x.strip().startswith("digits, 10%, recipe") and "run vs oracle" in x)
+    assert len(cross) == 28 and len(floor) == 7  # two runs and two oracles on each of seven splits
     assert f"run vs oracle {np.mean(cross):.2f} (n={len(cross)}" in pooled
     assert f"against a floor of {np.mean(floor):.2f} (n={len(floor)}" in pooled
     offsets = next(x for x in text.splitlines() if "run - oracle, signed" in x and f"FA {np.mean(fa):+.2f}" in x)
