@@ -22,6 +22,7 @@ pooled over splits, the excess over the floor, a relabelling test, and the signe
 TA, FA and MIA (a systematic offset, such as deleted images still recognised better, has one sign on
 every split, where retraining noise has both). `--offsets 0,1000` keeps training seeds S + offset only;
 `--attack strong` reads strong.jsonl (written by `strong`) instead: the same table with the strong attack.
+`--also DIR` pools another folder's lines with $SEEDVAR_DIR's (e.g. a second draw of training seeds).
 
 `train --set KEY=VALUE` changes the recipe (any ModelConfig/TrainConfig field, repeatable), so a
 candidate recipe is trained for a run and its oracles alike; `strong` trains its references with the
@@ -246,7 +247,9 @@ def gap_table(args: argparse.Namespace) -> None:
     pooled: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (run-vs-oracle gaps, floor)
     rows: dict[tuple[str, float, str], list[str]] = {}  # (dataset, rate, recipe) -> markdown rows, one per split
     split_cells: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (runs after deletion, oracles)
-    for line in (ROOT / ("strong.jsonl" if args.attack == "strong" else "results.jsonl")).read_text().splitlines():
+    name = "strong.jsonl" if args.attack == "strong" else "results.jsonl"
+    lines = [line for folder in (ROOT, *args.also) for line in (Path(folder) / name).read_text().splitlines()]
+    for line in lines:
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
             continue
@@ -254,6 +257,9 @@ def gap_table(args: argparse.Namespace) -> None:
             continue  # a comparison on the same training seeds: only S + offset on split S
         recipe = json.dumps(effective_recipe(r), sort_keys=True)  # the recipe, whatever the names say
         g = groups.setdefault((r.get("dataset", "digits"), r.get("rate", RATE), r["split_seed"], recipe), {"runs": {}, "oracles": {}})
+        if r["train_seed"] in g["oracles" if r["exclude"] == "forget" else "runs"]:
+            raise SystemExit(f"{name}: training seed {r['train_seed']} twice on split {r['split_seed']} (recipe {recipe}, "
+                             f"exclude {r['exclude']}): give each model's line once (--also names other folders)")
         if r["exclude"] == "forget":
             g["oracles"][r["train_seed"]] = r["as_trained"]
         else:
@@ -347,6 +353,8 @@ def main() -> None:
                     help="cheap (results.jsonl, default) or strong (strong.jsonl, written by `strong`)")
     gp.add_argument("--offsets", type=lambda v: [int(x) for x in v.split(",")], default=None,
                     help="only models of training seed S + offset on split S, e.g. 0,1000: recipes compared on the same seeds")
+    gp.add_argument("--also", action="append", default=[], metavar="DIR",
+                    help="pool the lines of this folder too (repeatable), e.g. a second draw of training seeds")
     gp.add_argument("--markdown", action="store_true", help="also print one markdown table per dataset, rate and recipe")
     args = ap.parse_args()
     ROOT.mkdir(parents=True, exist_ok=True)

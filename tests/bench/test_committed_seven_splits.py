@@ -19,10 +19,11 @@ FOLDER = ROOT / "docs" / "results" / "default_seven_splits"
 GAPS = ("TA", "RA", "FA", "MIA")
 
 
-def _gaps_output(attack: str, folder: Path = FOLDER) -> str:
+def _gaps_output(attack: str, folder: Path = FOLDER, *also: Path) -> str:
     env = {**os.environ, "SEEDVAR_DIR": str(folder)}
+    extra = [x for f in also for x in ("--also", str(f))]
     out = subprocess.run([sys.executable, "scripts/fidelity_seed_variance.py", "gaps", "--attack", attack,
-                          "--markdown"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                          "--markdown", *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
@@ -36,17 +37,33 @@ def test_committed_seven_split_table_is_what_its_lines_render(attack: str, table
     assert _gaps_output(attack, folder) == (FOLDER / table).read_text()
 
 
+@pytest.mark.parametrize("recipe", ("", "skip015/"))
+@pytest.mark.parametrize("attack", ("cheap", "strong"))
+def test_committed_both_draws_table_is_what_both_folders_render(attack: str, recipe: str) -> None:
+    assert (_gaps_output(attack, FOLDER / recipe, FOLDER / recipe / "draw2")
+            == (FOLDER / recipe / f"both_draws_{attack}.txt").read_text())
+
+
+def test_gaps_refuses_a_model_counted_twice() -> None:
+    """--also with the same folder again would count every model twice: refused, not pooled."""
+    env = {**os.environ, "SEEDVAR_DIR": str(FOLDER / "draw2")}
+    out = subprocess.run([sys.executable, "scripts/fidelity_seed_variance.py", "gaps", "--also", str(FOLDER / "draw2")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0 and "twice on split" in out.stderr
+
+
 def _avg_gap(a: dict, b: dict) -> float:
     return sum(abs(a[k] - b[k]) for k in GAPS) / 4
 
 
-@pytest.mark.parametrize("draw", DRAWS)
+@pytest.mark.parametrize(("draws", "table"), [((d,), f"{d}gaps_{{}}.txt") for d in DRAWS]
+                         + [((r, f"{r}draw2/"), f"{r}both_draws_{{}}.txt") for r in ("", "skip015/")])
 @pytest.mark.parametrize(("attack", "lines"), [("cheap", "results.jsonl"), ("strong", "strong.jsonl")])
-def test_committed_seven_split_pooled_figures_recomputed(attack: str, lines: str, draw: str) -> None:
+def test_committed_seven_split_pooled_figures_recomputed(attack: str, lines: str, draws: tuple, table: str) -> None:
     """10%: the pooled run-vs-oracle gap, the oracle-pair floor and the signed FA offset per split, from
     the JSON lines directly (runs after deletion against every oracle of their split)."""
     runs, oracles = {}, {}
-    for line in (FOLDER / draw / lines).read_text().splitlines():
+    for line in [x for d in draws for x in (FOLDER / d / lines).read_text().splitlines()]:
         r = json.loads(line)
         if r.get("rate", 0.1) != 0.1:
             continue
@@ -59,9 +76,10 @@ def test_committed_seven_split_pooled_figures_recomputed(attack: str, lines: str
     floor = [_avg_gap(a, b) for s in oracles for a, b in itertools.combinations(oracles[s].values(), 2)]
     fa = [np.mean([a["FA"] for a in runs[s].values()]) - np.mean([o["FA"] for o in oracles[s].values()])
           for s in sorted(runs)]
-    text = (FOLDER / draw / f"gaps_{attack}.txt").read_text()
+    text = (FOLDER / table.format(attack)).read_text()
     pooled = next(x for x in text.splitlines() if x.strip().startswith("digits, 10%, recipe") and "run vs oracle" in x)
-    assert len(cross) == 28 and len(floor) == 7  # two runs and two oracles on each of seven splits
+    n = 2 * len(draws)  # two runs and two oracles on each of seven splits per draw
+    assert len(cross) == 7 * n * n and len(floor) == 7 * n * (n - 1) // 2
     assert f"run vs oracle {np.mean(cross):.2f} (n={len(cross)}" in pooled
     assert f"against a floor of {np.mean(floor):.2f} (n={len(floor)}" in pooled
     offsets = next(x for x in text.splitlines() if "run - oracle, signed" in x and f"FA {np.mean(fa):+.2f}" in x)

@@ -326,11 +326,12 @@ def test_step_loss_skips_the_hardest_absent_samples_only() -> None:
 
 def test_absent_skip_hardest_reaches_training_and_is_on_only_where_measured(digits: TrainData) -> None:
     """The option changes what is trained (same seed, different weights); the cpu profile's digits recipe
-    skips the hardest tenth (docs/results/forgetting_at_defaults.md: the leak closes on seven splits with
-    Ps about 0.14; 0.2 leans on retrieval alone, Ps 0.34 > 0.3) and nothing else turns it on."""
+    skips the hardest 15 % (docs/results/forgetting_at_defaults.md: within the floor on seven splits in two
+    draws of training seeds with no FA offset left, Ps about 0.22; 0.1 left +0.7 FA points; 0.2 leans on
+    retrieval alone, Ps 0.34 > 0.3) and nothing else turns it on."""
     from munkey_core.config import PROFILES
 
-    assert PROFILES["cpu"].train_for("digits").absent_skip_hardest == 0.1
+    assert PROFILES["cpu"].train_for("digits").absent_skip_hardest == 0.15
     assert all(p.train_for(d).absent_skip_hardest == 0.0 for p in PROFILES.values() for d in ("digits", "fashion-mnist")
                if (p.name, d) != ("cpu", "digits"))
     train = _subset(digits, np.arange(0, 200))
