@@ -248,8 +248,9 @@ def gap_table(args: argparse.Namespace) -> None:
     rows: dict[tuple[str, float, str], list[str]] = {}  # (dataset, rate, recipe) -> markdown rows, one per split
     split_cells: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (runs after deletion, oracles)
     name = "strong.jsonl" if args.attack == "strong" else "results.jsonl"
-    lines = [line for folder in (ROOT, *args.also) for line in (Path(folder) / name).read_text().splitlines()]
-    for line in lines:
+    lines = [(folder, line) for folder in (ROOT, *args.also) for line in (Path(folder) / name).read_text().splitlines()]
+    source: dict[tuple, object] = {}  # model -> the folder its line came from
+    for folder, line in lines:
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
             continue
@@ -257,9 +258,10 @@ def gap_table(args: argparse.Namespace) -> None:
             continue  # a comparison on the same training seeds: only S + offset on split S
         recipe = json.dumps(effective_recipe(r), sort_keys=True)  # the recipe, whatever the names say
         g = groups.setdefault((r.get("dataset", "digits"), r.get("rate", RATE), r["split_seed"], recipe), {"runs": {}, "oracles": {}})
-        if r["train_seed"] in g["oracles" if r["exclude"] == "forget" else "runs"]:
-            raise SystemExit(f"{name}: training seed {r['train_seed']} twice on split {r['split_seed']} (recipe {recipe}, "
-                             f"exclude {r['exclude']}): give each model's line once (--also names other folders)")
+        model = (r.get("dataset", "digits"), r.get("rate", RATE), r["split_seed"], recipe, r["exclude"], r["train_seed"])
+        if source.setdefault(model, folder) != folder:  # within one folder a re-measure's later line replaces the earlier
+            raise SystemExit(f"{name}: training seed {r['train_seed']} on split {r['split_seed']} (recipe {recipe}, exclude "
+                             f"{r['exclude']}) is in {source[model]} and in {folder}: --also names folders of other models")
         if r["exclude"] == "forget":
             g["oracles"][r["train_seed"]] = r["as_trained"]
         else:

@@ -45,11 +45,12 @@ def test_committed_both_draws_table_is_what_both_folders_render(attack: str, rec
 
 
 def test_gaps_refuses_a_model_counted_twice() -> None:
-    """--also with the same folder again would count every model twice: refused, not pooled."""
+    """--also with the same folder again would count every model twice: refused, not pooled (within one
+    folder a re-measure's later line replaces the earlier, as before --also existed)."""
     env = {**os.environ, "SEEDVAR_DIR": str(FOLDER / "draw2")}
     out = subprocess.run([sys.executable, "scripts/fidelity_seed_variance.py", "gaps", "--also", str(FOLDER / "draw2")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode != 0 and "twice on split" in out.stderr
+    assert out.returncode != 0 and "--also names folders of other models" in out.stderr
 
 
 def _avg_gap(a: dict, b: dict) -> float:
