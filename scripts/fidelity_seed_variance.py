@@ -124,11 +124,16 @@ def train(args: argparse.Namespace) -> None:
                   exclude_ids=excluded_ids(args.split_seed, args.exclude, args.rate, args.dataset,
                                            recipe), progress=False)
     run = MunkeyRun(out, device="cpu")
+    want = {**PROFILES["cpu"].dataset_recipe.get(args.dataset, {}), **recipe}
+    trained = {key: run.config["train"].get(key, run.config["model"].get(key)) for key in want}  # config.json's
+    if trained != want:  # a cached model re-measured after the profile's recipe changed: name its own recipe
+        raise SystemExit(f"{args.name} was trained with {trained}, not {want}: re-measure it with --set for each "
+                         "field that differs, so that its line records the recipe it was trained with")
     forget = random_ids(run.dataset.train.ids, args.rate, args.split_seed)
     sets = eval_sets(run.dataset, forget, max_samples=2000, seed=args.split_seed)  # the bench's samples
     k, tau = run.train_cfg.k, run.train_cfg.tau
     res = {"name": args.name, "dataset": args.dataset, "split_seed": args.split_seed, "train_seed": args.train_seed, "exclude": args.exclude,
-           "set": recipe, "recipe": {**PROFILES["cpu"].dataset_recipe.get(args.dataset, {}), **recipe}, "rate": args.rate,
+           "set": recipe, "recipe": want, "rate": args.rate,
            "n_train": len(run.bank), "seconds": round(time.time() - t0)}
     m = measure(munkey_scorer(run.model, run.bank, run.dataset, run.split_keys, k, tau), run.dataset, sets)
     res["as_trained"] = {c: m[c] for c in KEPT}
