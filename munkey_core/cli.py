@@ -50,7 +50,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         ("absent-target-mix", float, "on steps without the sample's own exemplar, mix this share of its neighbours' "
                                      "label distribution into the target (0 = hard labels; forgets better, lower TA)"),
         ("absent-skip-hardest", float, "on steps without the sample's own exemplar, this share of those samples in a "
-                                       "batch with the highest loss gives no gradient (0 = off; the cpu profile trains digits with 0.1)"),
+                                       "batch with the highest loss gives no gradient (0 = off; the cpu profile trains digits with 0.15)"),
         ("ema-epochs", float, "ship an exponential moving average of the weights and exemplars over about this many "
                               "epochs (0 = off: the last step's)"),
         ("max-train", int, "use a stratified subset of this many training images (0 = all)"),
