@@ -254,7 +254,7 @@ def gap_table(args: argparse.Namespace) -> None:
     split_cells: dict[tuple[str, float, str], list] = {}  # (dataset, rate, recipe) -> per split: (runs after deletion, oracles)
     name = "strong.jsonl" if args.attack == "strong" else "results.jsonl"
     lines = [(folder, line) for folder in (ROOT, *args.also) for line in (Path(folder) / name).read_text().splitlines()]
-    source: dict[tuple, object] = {}  # model -> the folder its line came from
+    source: dict[tuple, str | Path] = {}  # model -> the folder its line came from
     for folder, line in lines:
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
@@ -262,8 +262,9 @@ def gap_table(args: argparse.Namespace) -> None:
         if args.offsets and r["train_seed"] - r["split_seed"] not in args.offsets:
             continue  # a comparison on the same training seeds: only S + offset on split S
         recipe = json.dumps(effective_recipe(r), sort_keys=True)  # the recipe, whatever the names say
-        g = groups.setdefault((r.get("dataset", "digits"), r.get("rate", RATE), r["split_seed"], recipe), {"runs": {}, "oracles": {}})
-        model = (r.get("dataset", "digits"), r.get("rate", RATE), r["split_seed"], recipe, r["exclude"], r["train_seed"])
+        cell = (r.get("dataset", "digits"), r.get("rate", RATE), r["split_seed"], recipe)
+        g = groups.setdefault(cell, {"runs": {}, "oracles": {}})
+        model = (*cell, r["exclude"], r["train_seed"])
         if source.setdefault(model, folder) != folder:  # within one folder a re-measure's later line replaces the earlier
             raise SystemExit(f"{name}: training seed {r['train_seed']} on split {r['split_seed']} (recipe {recipe}, exclude "
                              f"{r['exclude']}) is in {source[model]} and in {folder}: --also names folders of other models")

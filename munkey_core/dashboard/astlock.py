@@ -31,11 +31,16 @@ def affected(version: tuple[int, int, int] | None = None) -> bool:
     return any(lo <= v < hi for lo, hi in AFFECTED)
 
 
+def is_serialised() -> bool:
+    """Whether `ast.parse` is the locked one (`serialise_ast_parsing` installed it and nothing undid it)."""
+    return hasattr(ast.parse, "_munkey_unlocked")
+
+
 def serialise_ast_parsing(force: bool = False) -> bool:
     """Make `ast.parse` hold one process-wide lock, on an affected release (or with `force`). Idempotent:
     a second call changes nothing. Returns whether `ast.parse` is now the locked one."""
     with _INSTALL_LOCK:  # two sessions' script threads may run app.py at once: wrap once
-        if getattr(ast.parse, "_munkey_locked", False):
+        if is_serialised():
             return True
         if not (force or affected()):
             return False
@@ -44,14 +49,13 @@ def serialise_ast_parsing(force: bool = False) -> bool:
 
 
 def _locked(parse):  # type: ignore[no-untyped-def]
-    """`parse` behind PARSE_LOCK, marked as such and keeping the original (for `restore_ast_parsing`)."""
+    """`parse` behind PARSE_LOCK, keeping the original (which marks it, and `restore_ast_parsing` puts back)."""
 
     @functools.wraps(parse)
     def locked_parse(*args, **kwargs):  # type: ignore[no-untyped-def]  (ast.parse's own signature)
         with PARSE_LOCK:
             return parse(*args, **kwargs)
 
-    locked_parse._munkey_locked = True  # type: ignore[attr-defined]
     locked_parse._munkey_unlocked = parse  # type: ignore[attr-defined]
     return locked_parse
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import io
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.errors import AppTestError
 
-from munkey_core.dashboard.astlock import affected, restore_ast_parsing
+from munkey_core.dashboard.astlock import affected, is_serialised, restore_ast_parsing
 from munkey_core.run.rows import load_bank
 from munkey_core.service import MunkeyRun
 
@@ -82,7 +81,7 @@ def _wait_for_the_trained_overview(at: AppTest, run: Path, timeout: float = 120)
 def test_every_page_renders(tiny_run_template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     restore_ast_parsing()  # another test may have locked it: the app must do it on its own
     at = _app(monkeypatch, tiny_run_template)
-    assert getattr(ast.parse, "_munkey_locked", False) == affected()  # tests/dashboard/test_astlock.py
+    assert is_serialised() == affected()  # tests/dashboard/test_astlock.py
     assert at.title[0].value == "MUNKEY model"
     labels = {m.label: m.value for m in at.metric}
     assert labels["Deleted samples"] == "0" and "**Dataset** `digits`" in _texts(at)

@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from munkey_core.dashboard.astlock import PARSE_LOCK, affected, restore_ast_parsing, serialise_ast_parsing
+from munkey_core.dashboard.astlock import (PARSE_LOCK, affected, is_serialised, restore_ast_parsing,
+                                           serialise_ast_parsing)
 
 # a page-sized module to parse (about what Streamlit parses on every rerun of a page)
 PAGE = "\n".join(f"def f{i}(a, b=({i}, [1, 2, {{'k': {i}}}])):\n    return [x * {i} for x in range(a) if x % 3]"
@@ -100,8 +101,10 @@ def test_unlocked_parsing_fails_on_this_release() -> None:
 
 def test_locked_parsing_never_fails() -> None:
     assert serialise_ast_parsing(force=True)
-    assert serialise_ast_parsing(force=True)  # idempotent: still one lock, not a lock around a lock
-    assert not hasattr(ast.parse._munkey_unlocked, "_munkey_unlocked")  # type: ignore[attr-defined]
+    assert serialise_ast_parsing(force=True)  # idempotent: still one lock, not a lock around a lock ...
+    restore_ast_parsing()
+    assert not is_serialised()  # ... so one restore undoes it
+    assert serialise_ast_parsing(force=True) and is_serialised()
     try:
         errors, parses = _race(5.0, stop_at_first=False)
     finally:
