@@ -12,6 +12,9 @@ per family (MUNKEY; the plain ViT of the same backbone and recipe):
 3. per target and shadow, the statistic is the logit-scaled confidence on its true class, and the
    likelihood-ratio test of eval/ulira.py asks, leaving each shadow out in turn, whether it looks
    unlearned or retrained (never trained on the target).
+For MUNKEY, three pathway rows locate a trace: the same statistic through the image pathway alone (the
+backbone, which key deletion leaves as trained) and through the token pathway alone (the bank's
+neighbours), before and after deletion.
 Reported per method: accuracy, AUC, TPR at 1% and 0.1% FPR, with 95% bootstrap intervals over targets.
 50 = unlearned models are indistinguishable from retrained ones for these examples. Beside them, the
 mean test-split accuracy of the attacked models (a method can reach 50 by wrecking the model; this

@@ -18,6 +18,14 @@ from munkey_core.atomic import atomic_write_json, read_json
 
 NONE = "no unlearning (positive control)"
 KEY_DELETION = "MUNKEY key deletion"
+# Where a residual trace of a deleted target lives, one pathway at a time (predict.py's ablations): the image
+# pathway alone is the backbone (null token; deleting keys cannot change it), the token pathway alone is
+# what the bank's neighbours carry (null image). Recorded by shadows trained since these rows exist; the
+# rows are left out when any shadow was cached before.
+IMAGE_ONLY = "image pathway only (the backbone, as trained and after deletion)"
+TOKEN_ONLY_NONE = "no unlearning, token pathway only (the bank)"
+TOKEN_ONLY_DELETION = "key deletion, token pathway only (the bank)"
+PATHWAY_ROWS = (TOKEN_ONLY_NONE, TOKEN_ONLY_DELETION, IMAGE_ONLY)
 COLUMNS = ("family", "method", "settings", "accuracy", "accuracy_lo", "accuracy_hi", "AUC", "AUC_lo", "AUC_hi",
            "TPR@1%", "TPR@1%_lo", "TPR@1%_hi", "TPR@0.1%", "TPR@0.1%_lo", "TPR@0.1%_hi", "shadows", "targets",
            "pairs_unlearned", "pairs_retrained", "test_accuracy")
@@ -86,7 +94,8 @@ class UliraBench:
     def _munkey_shadow(self, ds, keys: np.ndarray, test_keys: np.ndarray, rows: np.ndarray, targets: np.ndarray,
                        seed: int) -> tuple[dict, dict]:
         """Probabilities (T, C) on the targets of a MUNKEY trained on `rows`, before and after deleting
-        the keys of the targets it trained on, and its test-split accuracy (percent) before and after."""
+        the keys of the targets it trained on, and its test-split accuracy (percent) before and after;
+        the same for each pathway alone (PATHWAY_ROWS)."""
         import copy
 
         from munkey_core.config import resolve_device, resolve_profile, with_overrides
@@ -108,17 +117,20 @@ class UliraBench:
 
         x_test = preprocess_images(torch.from_numpy(np.ascontiguousarray(ds.test.images)).to(dev), mcfg.img_size)
 
-        def probs(b, images: torch.Tensor, query_keys: np.ndarray) -> np.ndarray:
-            return predict(model, b, images, query_keys, k=cfg.k, tau=cfg.tau, neighbour_predictions=False).probs
+        def probs(b, images: torch.Tensor, query_keys: np.ndarray, pathway: str = "both") -> np.ndarray:
+            return predict(model, b, images, query_keys, k=cfg.k, tau=cfg.tau, pathway=pathway,
+                           neighbour_predictions=False).probs
 
-        def test_accuracy(b) -> float:
-            return float((probs(b, x_test, test_keys).argmax(1) == ds.test.labels).mean() * 100)
+        def test_accuracy(b, pathway: str = "both") -> float:
+            return float((probs(b, x_test, test_keys, pathway).argmax(1) == ds.test.labels).mean() * 100)
 
-        out, acc = {NONE: probs(bank, x, keys[targets])}, {NONE: test_accuracy(bank)}
         gone = copy.deepcopy(bank)
         gone.delete([int(i) for i in tr.ids[np.intersect1d(rows, targets)]])
         gone.compact()
-        out[KEY_DELETION], acc[KEY_DELETION] = probs(gone, x, keys[targets]), test_accuracy(gone)
+        out, acc = {}, {}
+        for name, b, pathway in ((NONE, bank, "both"), (KEY_DELETION, gone, "both"), (TOKEN_ONLY_NONE, bank, "token"),
+                                 (TOKEN_ONLY_DELETION, gone, "token"), (IMAGE_ONLY, gone, "image")):
+            out[name], acc[name] = probs(b, x, keys[targets], pathway), test_accuracy(b, pathway)
         return out, acc
 
     def _vit_shadow(self, ds, rows: np.ndarray, targets: np.ndarray, seed: int) -> tuple[dict, dict]:
@@ -200,7 +212,9 @@ class UliraBench:
         for family in families:
             outs = [self._shadow(family, s, ds, keys, test_keys, h, targets)
                     for s, h in enumerate(tqdm(halves, desc=f"{family} shadows", unit="model", dynamic_ncols=True))]
-            for method in [NONE] + ([KEY_DELETION] if family == "munkey" else self.methods):  # control first
+            methods = [NONE] + ([KEY_DELETION] + [p for p in PATHWAY_ROWS if all(p in o for o in outs)]
+                                if family == "munkey" else self.methods)  # control first
+            for method in methods:
                 obs = np.stack([logit_confidence(o[method], labels) for o in outs])  # (S, T)
                 rep = ulira_report(method, ulira_scores(obs, unlearned, variance=a.variance), unlearned, seed=a.seed)
                 row = {"family": "MUNKEY" if family == "munkey" else "plain ViT", "method": method,
@@ -249,6 +263,13 @@ class UliraBench:
                  "Test accuracy: the mean over the shadows of each model's accuracy on the test split (after its "
                  "unlearning), the utility the row's forgetting leaves; 'not measured' where the shadows were cached "
                  "before the bench recorded it (a fresh --work measures it).", "",
+                 *(["Pathway rows (MUNKEY): the same shadows and targets, each scored through one pathway alone "
+                    "(the other replaced by its learned null): the image pathway alone is the backbone, which "
+                    "deleting keys leaves as trained, so its row asks whether the backbone itself still tells the "
+                    "shadows that trained on a target from those that never saw it; the token pathway alone asks "
+                    "it of what the bank's neighbours carry, before and after deletion. A trace in the key-deletion "
+                    "row lives where a pathway row is above 50.", ""]
+                   if any(r["method"] in PATHWAY_ROWS for r in rows) else []),
                  "| family | method | settings | accuracy | AUC | TPR@1% FPR | TPR@0.1% FPR | test accuracy |",
                  "|---|---|---|---|---|---|---|---|"]
         for r in rows:

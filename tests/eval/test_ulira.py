@@ -68,8 +68,11 @@ def test_bench_ulira_runs_end_to_end_and_resumes(cache_dir: Path, tmp_path: Path
     assert main(argv) == 0
     assert "16 shadow model(s) trained" in capsys.readouterr().out
     rows = list(csv.DictReader(open(tmp_path / "out" / "ulira_digits.csv")))
+    pathway_rows = [("MUNKEY", "no unlearning, token pathway only (the bank)"),
+                    ("MUNKEY", "key deletion, token pathway only (the bank)"),
+                    ("MUNKEY", "image pathway only (the backbone, as trained and after deletion)")]
     assert [(r["family"], r["method"]) for r in rows] == [
-        ("MUNKEY", "no unlearning (positive control)"), ("MUNKEY", "MUNKEY key deletion"),
+        ("MUNKEY", "no unlearning (positive control)"), ("MUNKEY", "MUNKEY key deletion"), *pathway_rows,
         ("plain ViT", "no unlearning (positive control)"), ("plain ViT", "neggrad+")]
     for r in rows:
         assert int(r["shadows"]) == 8 and int(r["pairs_unlearned"]) + int(r["pairs_retrained"]) == 8 * 12
@@ -84,8 +87,29 @@ def test_bench_ulira_runs_end_to_end_and_resumes(cache_dir: Path, tmp_path: Path
     assert all(0 < v <= 100 for v in test_acc.values())
     # deleting the few target keys a shadow holds (about 6 of its 629 entries) leaves test accuracy almost as is
     assert abs(test_acc[("MUNKEY", "MUNKEY key deletion")] - test_acc[("MUNKEY", "no unlearning (positive control)")]) < 3
+    # each pathway row scores its own pathway: per shadow the three differ from the full inference and from each other
+    for f in files["munkey"]:
+        shadow = json.loads(f.read_text())
+        p = {k: np.asarray(v) for k, v in shadow["probs"].items()}
+        names = ["MUNKEY key deletion"] + [m for _, m in pathway_rows]
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                assert not np.allclose(p[a], p[b]), (a, b)
     assert main(argv) == 0  # a re-run reads every shadow from --work
     assert "0 shadow model(s) trained" in capsys.readouterr().out
+    assert "Pathway rows (MUNKEY)" in (tmp_path / "out" / "ulira_digits.md").read_text()
+    # shadows cached before the pathway rows existed: those rows are left out, the others still measured
+    for f in files["munkey"][:1]:
+        old = json.loads(f.read_text())
+        for _, m in pathway_rows:
+            del old["probs"][m], old["test_accuracy"][m]
+        f.write_text(json.dumps(old))
+    assert main(argv) == 0
+    assert "0 shadow model(s) trained" in capsys.readouterr().out
+    rows = list(csv.DictReader(open(tmp_path / "out" / "ulira_digits.csv")))
+    assert [(r["family"], r["method"]) for r in rows][:2] == [
+        ("MUNKEY", "no unlearning (positive control)"), ("MUNKEY", "MUNKEY key deletion")] and len(rows) == 4
+    assert "Pathway rows (MUNKEY)" not in (tmp_path / "out" / "ulira_digits.md").read_text()
     # shadows cached before the bench recorded test accuracy: that family's rows say so (no average over a subset)
     old = json.loads(files["munkey"][3].read_text())
     del old["test_accuracy"]
