@@ -266,23 +266,29 @@ def test_bench_fidelity_merge_csv_equals_one_invocation_over_the_seeds(cache_dir
     assert main(base + ["--seeds", "0", "--out", str(tmp_path / "x")]) == 2  # --seeds 0 only with --merge-csv
 
 
-@pytest.mark.parametrize(("dataset", "folder", "rates"), [
-    ("digits", "tuned_strong", "0.1,0.02"),
-    ("elpv", "tuned_strong", "0.1"),
-    ("elpv", "tuned_strong/elpv_2pct", "0.02"),
-    ("fashion-mnist", "tuned_strong/fashion80", "0.1"),
-    ("fashion-mnist", "tuned_strong/fashion80_2pct", "0.02"),
+TUNED = ("--vit-shift", "0", "--tune")
+MUNKEY_ONLY = ("--methods=",)
+
+
+@pytest.mark.parametrize(("dataset", "folder", "rates", "options"), [
+    ("digits", "tuned_strong", "0.1,0.02", TUNED),
+    ("digits", "tuned_strong/skip015", "0.1,0.02", MUNKEY_ONLY),
+    ("elpv", "tuned_strong", "0.1", TUNED),
+    ("elpv", "tuned_strong/elpv_2pct", "0.02", TUNED),
+    ("fashion-mnist", "tuned_strong/fashion80", "0.1", TUNED),
+    ("fashion-mnist", "tuned_strong/fashion80_2pct", "0.02", TUNED),
 ])
 def test_bench_fidelity_committed_tuned_table_is_what_its_csv_renders(dataset: str, folder: str, rates: str,
-                                                                      tmp_path: Path,
+                                                                      options: tuple[str, ...], tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture) -> None:
-    """Each committed tuned + strong table, rendered again from its own CSV by --merge-csv alone
-    (--seeds 0: nothing trained or measured): the same table, post-hoc rows and tuned settings included."""
+    """Each committed strong-attack table, rendered again from its own CSV by --merge-csv alone
+    (--seeds 0: nothing trained or measured): the same table, post-hoc rows and tuned settings included
+    where it has them (the MUNKEY-only tables: MUNKEY's rows)."""
     folder_path = Path(__file__).resolve().parents[2] / "docs" / "results" / folder
     if not (folder_path / f"fidelity_{dataset}.csv").exists():
         pytest.skip(f"docs/results/{folder} holds no {dataset} table yet (its bench is hours of training)")
     argv = ["bench", "fidelity", "--dataset", dataset, "--profile", "cpu", "--seeds", "0", "--rates", rates,
-            "--vit-shift", "0", "--tune", "--mia", "strong", "--floor-oracles", "2", "--work", str(tmp_path / "w"),
+            *options, "--mia", "strong", "--floor-oracles", "2", "--work", str(tmp_path / "w"),
             "--merge-csv", str(folder_path / f"fidelity_{dataset}.csv"), "--out", str(tmp_path / "out")]
     assert main(argv) == 0 and "trained 0 model(s)" in capsys.readouterr().out
     again = _table_lines((tmp_path / "out" / f"fidelity_{dataset}.md").read_text())
@@ -290,4 +296,8 @@ def test_bench_fidelity_committed_tuned_table_is_what_its_csv_renders(dataset: s
     # the audited request's seconds are not in a CSV written before its audited columns: that line aside
     kept = lambda lines: [x for x in lines if x and "audited, durable" not in x]  # noqa: E731
     assert kept(again) == kept(committed)
-    assert any(x.startswith("| neggrad+ (tuned) | T |") for x in again) and any("Post-hoc settings" in x for x in again)
+    assert any(x.startswith("| MUNKEY (key deletion) | M |") for x in again)
+    if options == TUNED:
+        assert any(x.startswith("| neggrad+ (tuned) | T |") for x in again) and any("Post-hoc settings" in x for x in again)
+    else:
+        assert not any("| T |" in x for x in again)
