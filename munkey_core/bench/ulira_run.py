@@ -66,7 +66,13 @@ class UliraBench:
         name = f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}_seed{args.seed}_t{args.targets}"
         self.work = Path(args.work) / name
         # each family's shadows are cached under its own recipe: changing one family's options keeps the other's
-        self.folders = {"munkey": self.work / f"munkey_e{args.epochs}",
+        skip = getattr(args, "absent_skip_hardest", None)
+        self.munkey_over = {} if skip is None else {"absent_skip_hardest": skip}
+        if self.munkey_over:  # refused by the training config's own check now, not after the keys are encoded
+            from munkey_core.config import resolve_profile, with_overrides
+
+            with_overrides(resolve_profile(args.profile).train_for(args.dataset), self.munkey_over)
+        self.folders = {"munkey": self.work / (f"munkey_e{args.epochs}" + (f"_skip{skip:g}" if skip is not None else "")),
                         "vit": self.work / f"vit_e{args.vit_epochs}_shift{args.vit_shift:g}"}
         self.trained = 0
         self.accuracy: dict[str, list[dict]] = {}  # family -> per shadow {"train", "test"} accuracy (percent)
@@ -105,7 +111,7 @@ class UliraBench:
 
         a = self.args
         prof = resolve_profile(a.profile)
-        over = {"epochs": a.epochs, "seed": seed}
+        over = {"epochs": a.epochs, "seed": seed, **self.munkey_over}
         cfg = with_overrides(prof.train_for(a.dataset), over)
         mcfg = with_overrides(prof.model_for(a.dataset), {"in_chans": ds.channels, "num_classes": ds.num_classes})
         tr = ds.train
@@ -244,7 +250,9 @@ class UliraBench:
 
         n_neg = rows[0]["pairs_retrained"] if rows else 0
         lines = [f"## Per-example unlearning attack (U-LiRA style): {a.dataset}, profile {a.profile}", "",
-                 f"MUNKEY shadows: the profile's recipe, {a.epochs} epochs. Plain ViT shadows: the same backbone and "
+                 f"MUNKEY shadows: the profile's recipe, {a.epochs} epochs"
+                 + "".join(f", {k} {v:g} (--absent-skip-hardest)" for k, v in self.munkey_over.items())
+                 + ". Plain ViT shadows: the same backbone and "
                  f"recipe, {a.vit_epochs} epochs, random shift {a.vit_shift:g} (trained to memorise, so the post-hoc "
                  "methods have something to forget).", "",
                  f"{a.shadows} shadow models per family on complementary random halves of the training split, "
