@@ -36,10 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="digits", help="registry name (default digits)")
     p.add_argument("--profile", default="tiny", help="size profile of every shadow model (default tiny)")
     p.add_argument("--epochs", type=int, default=100, help="training epochs of the MUNKEY shadows (default 100)")
-    p.add_argument("--absent-skip-hardest", type=float, default=None,
-                   help="the MUNKEY shadows' absent_skip_hardest instead of the profile's recipe (e.g. 0: the recipe "
-                        "whose image pathway memorises, a positive control for the image-pathway row; cached in "
-                        "their own --work subfolder)")
+    p.add_argument("--munkey-set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a training setting of the MUNKEY shadows over the profile's recipe (a TrainConfig field, e.g. "
+                        "absent_skip_hardest=0 or p_retrieval=0.25; repeatable; the shadows are cached in their own "
+                        "--work subfolder): which recipe leaves which trace")
     p.add_argument("--vit-epochs", type=int, default=100, help="training epochs of the plain ViT shadows (default 100)")
     p.add_argument("--vit-shift", type=float, default=0.0,
                    help="random-shift augmentation of the plain ViT shadows (default 0: they memorise, RA near 100, "

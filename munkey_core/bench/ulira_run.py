@@ -38,6 +38,33 @@ def mean_test_accuracy(per_shadow: list[dict | None], method: str) -> float | No
     return None if not values or any(v is None for v in values) else float(np.mean(values))
 
 
+def munkey_settings(profile: str, dataset: str, pairs: list[str]) -> dict[str, float]:
+    """{'p_retrieval': 0.25, ...} from --munkey-set NAME=VALUE pairs: numeric TrainConfig fields of the MUNKEY
+    shadows over the profile's recipe, typed as the recipe's own value and checked by the training config's
+    own rules now (MunkeyError), not after the keys are encoded. Epochs and the seed have their own options."""
+    from dataclasses import fields
+
+    from munkey_core.config import resolve_profile, with_overrides
+
+    base = resolve_profile(profile).train_for(dataset)
+    numeric = {f.name for f in fields(base) if type(getattr(base, f.name)) in (int, float)} - {"epochs", "seed",
+                                                                                                 "split_seed"}
+    out: dict[str, float] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        name = name.strip()
+        if not eq or name not in numeric:
+            raise MunkeyError(f"--munkey-set takes NAME=VALUE with NAME a numeric training setting of the MUNKEY "
+                              f"shadows ({', '.join(sorted(numeric))}); got {pair!r}.")
+        try:
+            out[name] = type(getattr(base, name))(value)
+        except ValueError:
+            kind = "a whole number" if isinstance(getattr(base, name), int) else "a number"
+            raise MunkeyError(f"--munkey-set {name} must be {kind}; got {value!r}.") from None
+    with_overrides(base, out)
+    return out
+
+
 class UliraBench:
     """Trains the shadow models that are missing, unlearns, scores, writes the table."""
 
@@ -66,13 +93,9 @@ class UliraBench:
         name = f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}_seed{args.seed}_t{args.targets}"
         self.work = Path(args.work) / name
         # each family's shadows are cached under its own recipe: changing one family's options keeps the other's
-        skip = getattr(args, "absent_skip_hardest", None)
-        self.munkey_over = {} if skip is None else {"absent_skip_hardest": skip}
-        if self.munkey_over:  # refused by the training config's own check now, not after the keys are encoded
-            from munkey_core.config import resolve_profile, with_overrides
-
-            with_overrides(resolve_profile(args.profile).train_for(args.dataset), self.munkey_over)
-        self.folders = {"munkey": self.work / (f"munkey_e{args.epochs}" + (f"_skip{skip:g}" if skip is not None else "")),
+        self.munkey_over = munkey_settings(args.profile, args.dataset, getattr(args, "munkey_set", None) or [])
+        self.folders = {"munkey": self.work / (f"munkey_e{args.epochs}"
+                                               + "".join(f"_{k}{v:g}" for k, v in sorted(self.munkey_over.items()))),
                         "vit": self.work / f"vit_e{args.vit_epochs}_shift{args.vit_shift:g}"}
         self.trained = 0
         self.accuracy: dict[str, list[dict]] = {}  # family -> per shadow {"train", "test"} accuracy (percent)
@@ -251,7 +274,7 @@ class UliraBench:
         n_neg = rows[0]["pairs_retrained"] if rows else 0
         lines = [f"## Per-example unlearning attack (U-LiRA style): {a.dataset}, profile {a.profile}", "",
                  f"MUNKEY shadows: the profile's recipe, {a.epochs} epochs"
-                 + "".join(f", {k} {v:g} (--absent-skip-hardest)" for k, v in self.munkey_over.items())
+                 + "".join(f", {k} {v:g} (--munkey-set)" for k, v in sorted(self.munkey_over.items()))
                  + ". Plain ViT shadows: the same backbone and "
                  f"recipe, {a.vit_epochs} epochs, random shift {a.vit_shift:g} (trained to memorise, so the post-hoc "
                  "methods have something to forget).", "",

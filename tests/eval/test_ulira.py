@@ -122,13 +122,16 @@ def test_bench_ulira_runs_end_to_end_and_resumes(cache_dir: Path, tmp_path: Path
     assert md.count("| not measured |") == 2 and "nan" not in md and "None" not in md
     assert main(argv[:-2] + ["--shadows", "6"]) == 2
     assert "--shadows" in capsys.readouterr().err
-    # another MUNKEY recipe (--absent-skip-hardest): its shadows train into their own folder, the ViT's are read
-    assert main(argv + ["--absent-skip-hardest", "1.5"]) == 2
-    assert "absent_skip_hardest" in capsys.readouterr().err
-    assert main(argv + ["--absent-skip-hardest", "0.5"]) == 0
+    # another MUNKEY recipe (--munkey-set): its shadows train into their own folder, the ViT's are read; bad
+    # settings are refused before anything is trained
+    for bad, says in (("absent_skip_hardest=1.5", "absent_skip_hardest"), ("epochs=5", "numeric training setting"),
+                      ("k_train=0.5", "whole number"), ("p_retrieval", "NAME=VALUE")):
+        assert main(argv + ["--munkey-set", bad]) == 2
+        assert says in capsys.readouterr().err
+    assert main(argv + ["--munkey-set", "absent_skip_hardest=0.5"]) == 0
     out = capsys.readouterr().out
-    assert "8 shadow model(s) trained" in out and "absent_skip_hardest 0.5 (--absent-skip-hardest)" in out
-    skipped = sorted((tmp_path / "w" / "digits_tiny_seed0_t12").glob("munkey_e3_skip0.5/shadow_*.json"))
+    assert "8 shadow model(s) trained" in out and "absent_skip_hardest 0.5 (--munkey-set)" in out
+    skipped = sorted((tmp_path / "w" / "digits_tiny_seed0_t12").glob("munkey_e3_absent_skip_hardest0.5/shadow_*.json"))
     assert len(skipped) == 8
     as_default = json.loads(files["munkey"][1].read_text())["probs"]["MUNKEY key deletion"]
     assert not np.allclose(json.loads(skipped[1].read_text())["probs"]["MUNKEY key deletion"], as_default)
