@@ -38,7 +38,7 @@ def mean_test_accuracy(per_shadow: list[dict | None], method: str) -> float | No
     return None if not values or any(v is None for v in values) else float(np.mean(values))
 
 
-def munkey_settings(profile: str, dataset: str, pairs: list[str]) -> dict[str, float]:
+def munkey_settings(profile: str, dataset: str, pairs: list[str]) -> dict[str, int | float]:
     """{'p_retrieval': 0.25, ...} from --munkey-set NAME=VALUE pairs: numeric TrainConfig fields of the MUNKEY
     shadows over the profile's recipe, typed as the recipe's own value and checked by the training config's
     own rules now (MunkeyError), not after the keys are encoded. Epochs and the seed have their own options."""
@@ -49,7 +49,7 @@ def munkey_settings(profile: str, dataset: str, pairs: list[str]) -> dict[str, f
     base = resolve_profile(profile).train_for(dataset)
     numeric = {f.name for f in fields(base) if type(getattr(base, f.name)) in (int, float)} - {"epochs", "seed",
                                                                                                  "split_seed"}
-    out: dict[str, float] = {}
+    out: dict[str, int | float] = {}
     for pair in pairs:
         name, eq, value = pair.partition("=")
         name = name.strip()
