@@ -16,6 +16,8 @@ For MUNKEY, three pathway rows locate a trace: the same statistic through the im
 backbone, which key deletion leaves as trained) and through the token pathway alone (the bank's
 neighbours), before and after deletion.
 Reported per method: accuracy, AUC, TPR at 1% and 0.1% FPR, with 95% bootstrap intervals over targets.
+--draws N repeats steps 1-3 for the seeds --seed .. --seed + N - 1 (each draw its own split where the
+dataset carves one, targets, halves and shadows) and pools every draw's (shadow, target) scores.
 50 = unlearned models are indistinguishable from retrained ones for these examples. Beside them, the
 mean test-split accuracy of the attacked models (a method can reach 50 by wrecking the model; this
 shows what it kept). Everything a
@@ -52,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="settings of one post-hoc method over its defaults, as the fidelity table prints a tuned "
                         "method's (e.g. 'neggrad+:epochs=5 lr=0.0005 beta=0.95'); repeat for several methods")
     p.add_argument("--seed", type=int, default=0, help="seed of the data split, targets and halves (default 0)")
+    p.add_argument("--draws", type=int, default=1,
+                   help="independent target draws, seeds --seed, --seed + 1, ..., each with its own shadows (cached "
+                        "per seed), pooled in one table: more targets, a narrower interval (default 1)")
     p.add_argument("--variance", default="global", choices=["global", "per-example"],
                    help="Gaussian variance of the likelihood ratio: pooled over targets (default) or per target")
     p.add_argument("--max-train", type=non_negative_int, default=0, help="cap on the training split (0 = all)")

@@ -28,7 +28,7 @@ TOKEN_ONLY_DELETION = "key deletion, token pathway only (the bank)"
 PATHWAY_ROWS = (TOKEN_ONLY_NONE, TOKEN_ONLY_DELETION, IMAGE_ONLY)
 COLUMNS = ("family", "method", "settings", "accuracy", "accuracy_lo", "accuracy_hi", "AUC", "AUC_lo", "AUC_hi",
            "TPR@1%", "TPR@1%_lo", "TPR@1%_hi", "TPR@0.1%", "TPR@0.1%_lo", "TPR@0.1%_hi", "shadows", "targets",
-           "pairs_unlearned", "pairs_retrained", "test_accuracy")
+           "pairs_unlearned", "pairs_retrained", "test_accuracy", "AUC_by_draw")
 
 
 def mean_test_accuracy(per_shadow: list[dict | None], method: str) -> float | None:
@@ -90,13 +90,11 @@ class UliraBench:
                 raise MunkeyError(f"--settings names {method}, which is not among --methods ({args.methods!r}); "
                                   "add it there or drop its settings.")
             self.settings[method] = {**self.settings.get(method, {}), **given}
-        name = f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}_seed{args.seed}_t{args.targets}"
-        self.work = Path(args.work) / name
-        # each family's shadows are cached under its own recipe: changing one family's options keeps the other's
+        n_draws = getattr(args, "draws", 1)
+        if n_draws < 1:
+            raise MunkeyError(f"--draws must be at least 1 (one target draw per seed from --seed on); got {n_draws}.")
+        self.seeds = list(range(args.seed, args.seed + n_draws))  # one draw per seed, pooled in the table
         self.munkey_over = munkey_settings(args.profile, args.dataset, getattr(args, "munkey_set", None) or [])
-        self.folders = {"munkey": self.work / (f"munkey_e{args.epochs}"
-                                               + "".join(f"_{k}{v:g}" for k, v in sorted(self.munkey_over.items()))),
-                        "vit": self.work / f"vit_e{args.vit_epochs}_shift{args.vit_shift:g}"}
         self.trained = 0
         self.accuracy: dict[str, list[dict]] = {}  # family -> per shadow {"train", "test"} accuracy (percent)
         # family -> per shadow {method: test-split accuracy (percent) of that model}, None for a shadow cached before
@@ -105,18 +103,27 @@ class UliraBench:
         self._acc: dict | None = None
 
     # ----- data -----------------------------------------------------------------------------
-    def _setup(self):
-        """(dataset, targets (T,) row indices into the training split, halves: member row sets per shadow)."""
+    def _folders(self, seed: int) -> dict[str, Path]:
+        """Cache folder of each family's shadows for the draw of `seed`; each family under its own recipe,
+        so changing one family's options keeps the other's shadows."""
+        a = self.args
+        work = Path(a.work) / f"{a.dataset.replace(':', '_').replace('/', '_')}_{a.profile}_seed{seed}_t{a.targets}"
+        return {"munkey": work / (f"munkey_e{a.epochs}" + "".join(f"_{k}{v:g}" for k, v in sorted(self.munkey_over.items()))),
+                "vit": work / f"vit_e{a.vit_epochs}_shift{a.vit_shift:g}"}
+
+    def _setup(self, seed: int):
+        """The draw of `seed`: (dataset (its split carved with the seed where the dataset carves one), targets
+        (T,) row indices into the training split, halves: member row sets per shadow)."""
         from munkey_core.data import datasets as data_mod
         from munkey_core.eval.mia import half_splits
 
         a = self.args
-        ds = data_mod.load_dataset(a.dataset, a.data_root, seed=a.seed, max_train=a.max_train or None)
+        ds = data_mod.load_dataset(a.dataset, a.data_root, seed=seed, max_train=a.max_train or None)
         n = len(ds.train)
         if a.targets > n // 2:
             raise MunkeyError(f"--targets {a.targets} is more than half the training split ({n}); ask for fewer.")
-        targets = np.sort(np.random.default_rng([a.seed, 1]).choice(n, size=a.targets, replace=False))
-        halves = half_splits(np.arange(n), a.shadows, seed=a.seed)  # row indices, complementary pairs
+        targets = np.sort(np.random.default_rng([seed, 1]).choice(n, size=a.targets, replace=False))
+        halves = half_splits(np.arange(n), a.shadows, seed=seed)  # row indices, complementary pairs
         return ds, targets, halves
 
     # ----- one shadow -----------------------------------------------------------------------
@@ -199,9 +206,9 @@ class UliraBench:
             acc[method] = test_accuracy(r.model)
         return out, acc
 
-    def _shadow(self, family: str, s: int, ds, keys, test_keys, rows, targets) -> dict:
-        """Cached outputs of shadow `s` of `family`: method -> probabilities (T, C)."""
-        path = self.folders[family] / f"shadow_{s:03d}.json"
+    def _shadow(self, family: str, draw: int, s: int, ds, keys, test_keys, rows, targets) -> dict:
+        """Cached outputs of shadow `s` of `family` in the draw of seed `draw`: method -> probabilities (T, C)."""
+        path = self._folders(draw)[family] / f"shadow_{s:03d}.json"
         tag = {"methods": self.methods if family == "vit" else [], "targets": targets.tolist(), "rows": len(rows),
                # given settings change what the ViT shadows hold (no key without them: earlier caches stay valid)
                **({"settings": self.settings} if family == "vit" and self.settings else {})}
@@ -211,7 +218,7 @@ class UliraBench:
                 self.accuracy.setdefault(family, []).append(cached["accuracy"])
             self.test_accuracy.setdefault(family, []).append(cached.get("test_accuracy"))
             return {k: np.asarray(v) for k, v in cached["probs"].items()}
-        seed = 1000 * (self.args.seed + 1) + s  # every shadow its own training seed
+        seed = 1000 * (draw + 1) + s  # every shadow its own training seed
         self._acc = None
         out, test_acc = (self._munkey_shadow(ds, keys, test_keys, rows, targets, seed) if family == "munkey"
                          else self._vit_shadow(ds, rows, targets, seed))
@@ -227,34 +234,57 @@ class UliraBench:
     def measure(self) -> list[dict]:
         from munkey_core.keys import encoders as keys_mod
         from munkey_core.config import resolve_device
-        from munkey_core.eval.ulira import logit_confidence, ulira_report, ulira_scores
+        from munkey_core.eval.ulira import logit_confidence, ulira_metrics, ulira_report, ulira_scores
 
         a = self.args
-        ds, targets, halves = self._setup()
         families = ["munkey"] + (["vit"] if self.methods else [])
         enc = keys_mod.load_encoder(a.encoder or keys_mod.DEFAULT_ENCODER, device=resolve_device(a.device))
-        keys = keys_mod.cached_keys(enc, ds.train.images, ds.train.ids, dataset=ds.name, split="train", progress=False)
-        test_keys = keys_mod.cached_keys(enc, ds.test.images, ds.test.ids, dataset=ds.name, split="test", progress=False)
-        unlearned = np.stack([np.isin(targets, h) for h in halves])  # (S, T)
-        labels = ds.train.labels[targets]
+        # per family, per draw: (shadow outputs, (S, T) membership, (T,) labels)
+        draws: dict[str, list[tuple[list[dict], np.ndarray, np.ndarray]]] = {f: [] for f in families}
+        for seed in self.seeds:
+            ds, targets, halves = self._setup(seed)
+            keys = keys_mod.cached_keys(enc, ds.train.images, ds.train.ids, dataset=ds.name, split="train",
+                                        progress=False)
+            test_keys = keys_mod.cached_keys(enc, ds.test.images, ds.test.ids, dataset=ds.name, split="test",
+                                             progress=False)
+            unlearned = np.stack([np.isin(targets, h) for h in halves])  # (S, T)
+            for family in families:
+                desc = f"{family} shadows" + (f", draw {seed}" if len(self.seeds) > 1 else "")
+                outs = [self._shadow(family, seed, s, ds, keys, test_keys, h, targets)
+                        for s, h in enumerate(tqdm(halves, desc=desc, unit="model", dynamic_ncols=True))]
+                draws[family].append((outs, unlearned, ds.train.labels[targets]))
         rows: list[dict] = []
         for family in families:
-            outs = [self._shadow(family, s, ds, keys, test_keys, h, targets)
-                    for s, h in enumerate(tqdm(halves, desc=f"{family} shadows", unit="model", dynamic_ncols=True))]
-            methods = [NONE] + ([KEY_DELETION] + [p for p in PATHWAY_ROWS if all(p in o for o in outs)]
+            every = [o for outs, _, _ in draws[family] for o in outs]
+            methods = [NONE] + ([KEY_DELETION] + [p for p in PATHWAY_ROWS if all(p in o for o in every)]
                                 if family == "munkey" else self.methods)  # control first
             for method in methods:
-                obs = np.stack([logit_confidence(o[method], labels) for o in outs])  # (S, T)
-                rep = ulira_report(method, ulira_scores(obs, unlearned, variance=a.variance), unlearned, seed=a.seed)
+                # each draw scored with its own shadows; the draws' (shadow, target) pairs pooled: (S, sum of T)
+                per_draw = [(ulira_scores(np.stack([logit_confidence(o[method], labels) for o in outs]), unl,
+                                          variance=a.variance), unl) for outs, unl, labels in draws[family]]
+                scores = np.concatenate([sc for sc, _ in per_draw], axis=1)
+                unlearned = np.concatenate([u for _, u in per_draw], axis=1)
+                rep = ulira_report(method, scores, unlearned, seed=a.seed)
                 row = {"family": "MUNKEY" if family == "munkey" else "plain ViT", "method": method,
                        "settings": self._settings_text(method),
                        "shadows": rep.n_shadows, "targets": rep.n_targets,
                        "pairs_unlearned": rep.n_pairs_unlearned, "pairs_retrained": rep.n_pairs_retrained,
-                       "test_accuracy": mean_test_accuracy(self.test_accuracy[family], method)}
+                       "test_accuracy": mean_test_accuracy(self.test_accuracy[family], method),
+                       "AUC_by_draw": " / ".join(f"{ulira_metrics(sc, u)['AUC']:.1f}"
+                                                 for sc, u in per_draw)}
                 for k, v in rep.values.items():
                     row[k], (row[f"{k}_lo"], row[f"{k}_hi"]) = v, rep.ci[k]
                 rows.append(row)
         return rows
+
+    def _draws_text(self) -> str:
+        a = self.args
+        if len(self.seeds) == 1:
+            return f"seed {a.seed}"
+        return (f"per draw; {len(self.seeds)} draws, seeds {', '.join(map(str, self.seeds))}, each with its own data "
+                f"split where the dataset carves one, targets, halves and shadows, {len(self.seeds) * a.targets} targets "
+                "pooled: each draw's pairs scored with its own shadows, the intervals over all targets; the AUC of "
+                "each draw alone in the last column")
 
     def _settings_text(self, method: str) -> str:
         """The settings a post-hoc method ran with ('' for the control and MUNKEY's key deletion)."""
@@ -272,6 +302,7 @@ class UliraBench:
             return f"{r[k]:.1f} [{r[k + '_lo']:.1f}, {r[k + '_hi']:.1f}]"
 
         n_neg = rows[0]["pairs_retrained"] if rows else 0
+        by_draw = len(self.seeds) > 1
         lines = [f"## Per-example unlearning attack (U-LiRA style): {a.dataset}, profile {a.profile}", "",
                  f"MUNKEY shadows: the profile's recipe, {a.epochs} epochs"
                  + "".join(f", {k} {v:g} (--munkey-set)" for k, v in sorted(self.munkey_over.items()))
@@ -279,7 +310,7 @@ class UliraBench:
                  f"recipe, {a.vit_epochs} epochs, random shift {a.vit_shift:g} (trained to memorise, so the post-hoc "
                  "methods have something to forget).", "",
                  f"{a.shadows} shadow models per family on complementary random halves of the training split, "
-                 f"{a.targets} target examples (seed {a.seed}), each unlearned from the {a.shadows // 2} shadows that "
+                 f"{a.targets} target examples ({self._draws_text()}), each unlearned from the {a.shadows // 2} shadows that "
                  "trained on it; per (shadow, target) a likelihood-ratio test, leaving that shadow out, of whether it "
                  f"looks unlearned or retrained ({a.variance} variance). Values in percent with 95% bootstrap intervals "
                  "over targets; 50 = indistinguishable from retraining. 'No unlearning' is the positive control "
@@ -301,14 +332,16 @@ class UliraBench:
                     "it of what the bank's neighbours carry, before and after deletion. A trace in the key-deletion "
                     "row lives where a pathway row is above 50.", ""]
                    if any(r["method"] in PATHWAY_ROWS for r in rows) else []),
-                 "| family | method | settings | accuracy | AUC | TPR@1% FPR | TPR@0.1% FPR | test accuracy |",
-                 "|---|---|---|---|---|---|---|---|"]
+                 "| family | method | settings | accuracy | AUC | TPR@1% FPR | TPR@0.1% FPR | test accuracy |"
+                 + (" AUC by draw |" if by_draw else ""),
+                 "|---|---|---|---|---|---|---|---|" + ("---|" if by_draw else "")]
         for r in rows:
             settings = (r["settings"] + (" (--settings)" if r["method"] in self.settings else " (defaults)")
                         if r["settings"] else "")
             lines.append(f"| {r['family']} | {r['method']} | {settings} | " + " | ".join(
                 cell(r, k) for k in ("accuracy", "AUC", "TPR@1%", "TPR@0.1%"))
-                + (f" | {r['test_accuracy']:.1f} |" if r["test_accuracy"] is not None else " | not measured |"))
+                + (f" | {r['test_accuracy']:.1f} |" if r["test_accuracy"] is not None else " | not measured |")
+                + (f" {r['AUC_by_draw']} |" if by_draw else ""))
         return "\n".join(lines) + "\n"
 
     def run(self) -> int:

@@ -78,7 +78,7 @@ def ulira_scores(obs: np.ndarray, unlearned: np.ndarray, *, variance: str = "glo
     return scores
 
 
-def _metrics(scores: np.ndarray, unlearned: np.ndarray) -> dict:
+def ulira_metrics(scores: np.ndarray, unlearned: np.ndarray) -> dict:
     """Accuracy (LR > 0 decides 'unlearned'), AUC, TPR at LOW_FPRS, in percent, pooled over (s, t)."""
     pos, neg = scores[unlearned], scores[~unlearned]
     pred = scores > 0
@@ -109,13 +109,13 @@ def ulira_report(method: str, scores: np.ndarray, unlearned: np.ndarray, *, n_bo
                  seed: int = 0) -> UliraReport:
     """Accuracy, AUC, TPR@1%/0.1% FPR of `scores` (S, T) with bootstrap intervals over targets."""
     unl = np.asarray(unlearned, dtype=bool)
-    values = _metrics(scores, unl)
+    values = ulira_metrics(scores, unl)
     rng = np.random.default_rng(seed)
     t = scores.shape[1]
     boots: dict[str, list[float]] = {k: [] for k in values}
     for _ in range(n_boot):
         pick = rng.integers(0, t, t)
-        m = _metrics(scores[:, pick], unl[:, pick])
+        m = ulira_metrics(scores[:, pick], unl[:, pick])
         for k, v in m.items():
             boots[k].append(v)
     ci = {k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] for k, v in boots.items()}

@@ -184,3 +184,39 @@ def test_bench_ulira_runs_post_hoc_methods_with_given_settings(cache_dir: Path, 
     assert "not among --methods" in capsys.readouterr().err
     assert main(argv + ["--settings", "neggrad+:epochs=2.5"]) == 2
     assert "whole number" in capsys.readouterr().err
+
+
+def test_bench_ulira_pools_target_draws(cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--draws 2: the draws of seeds 0 and 1, each with its own shadows (a draw cached by an earlier --seed
+    run is read, not retrained), pooled into one table of 2 x T targets; the pooled AUC is that of every
+    draw's leave-one-out scores put together (checked with scikit-learn), and each draw's own AUC is the
+    one a run of that seed alone reports."""
+    from sklearn.metrics import roc_auc_score
+
+    base = ["bench", "ulira", "--dataset", "digits", "--profile", "tiny", "--epochs", "2", "--shadows", "8",
+            "--targets", "10", "--methods=", "--work", str(tmp_path / "w")]
+    assert main(base + ["--seed", "1", "--out", str(tmp_path / "one")]) == 0
+    capsys.readouterr()
+    alone = {r["method"]: float(r["AUC"]) for r in csv.DictReader(open(tmp_path / "one" / "ulira_digits.csv"))}
+    assert main(base + ["--draws", "2", "--out", str(tmp_path / "two")]) == 0
+    out = capsys.readouterr().out
+    assert "8 shadow model(s) trained" in out and "AUC by draw" in out  # only the draw of seed 0 trained
+    rows = list(csv.DictReader(open(tmp_path / "two" / "ulira_digits.csv")))
+    method = "MUNKEY key deletion"
+    pooled = next(r for r in rows if r["method"] == method)
+    assert int(pooled["targets"]) == 20 and int(pooled["pairs_unlearned"]) + int(pooled["pairs_retrained"]) == 8 * 20
+    assert all(float(r["AUC_by_draw"].split(" / ")[1]) == pytest.approx(alone[r["method"]], abs=0.051) for r in rows)
+    scores, member = [], []
+    for seed in (0, 1):
+        ds = load_dataset("digits", seed=seed)
+        shadows = [json.loads(f.read_text()) for f in
+                   sorted((tmp_path / "w" / f"digits_tiny_seed{seed}_t10").glob("munkey_e2/shadow_*.json"))]
+        targets = np.asarray(shadows[0]["tag"]["targets"])
+        unl = np.stack([np.isin(targets, h) for h in half_splits(np.arange(len(ds.train)), 8, seed=seed)])
+        obs = np.stack([logit_confidence(np.asarray(s["probs"][method]), ds.train.labels[targets]) for s in shadows])
+        scores.append(ulira_scores(obs, unl))
+        member.append(unl)
+    s, m = np.concatenate(scores, axis=1).ravel(), np.concatenate(member, axis=1).ravel()
+    assert float(pooled["AUC"]) == pytest.approx(100 * roc_auc_score(m, s), abs=1e-6)
+    assert main(base + ["--draws", "0"]) == 2
+    assert "--draws" in capsys.readouterr().err
