@@ -108,7 +108,8 @@ class UliraBench:
         so changing one family's options keeps the other's shadows."""
         a = self.args
         work = Path(a.work) / f"{a.dataset.replace(':', '_').replace('/', '_')}_{a.profile}_seed{seed}_t{a.targets}"
-        return {"munkey": work / (f"munkey_e{a.epochs}" + "".join(f"_{k}{v:g}" for k, v in sorted(self.munkey_over.items()))),
+        recipe = "".join(f"_{k}{v:g}" for k, v in sorted(self.munkey_over.items()))
+        return {"munkey": work / f"munkey_e{a.epochs}{recipe}",
                 "vit": work / f"vit_e{a.vit_epochs}_shift{a.vit_shift:g}"}
 
     def _setup(self, seed: int):
@@ -278,13 +279,14 @@ class UliraBench:
         return rows
 
     def _draws_text(self) -> str:
+        """How the table's header names its targets' draw: one seed, or the pooled draws."""
         a = self.args
         if len(self.seeds) == 1:
             return f"seed {a.seed}"
         return (f"per draw; {len(self.seeds)} draws, seeds {', '.join(map(str, self.seeds))}, each with its own data "
-                f"split where the dataset carves one, targets, halves and shadows, {len(self.seeds) * a.targets} targets "
-                "pooled: each draw's pairs scored with its own shadows, the intervals over all targets; the AUC of "
-                "each draw alone in the last column")
+                f"split where the dataset carves one, targets, halves and shadows, {len(self.seeds) * a.targets} "
+                "targets pooled: each draw's pairs scored with its own shadows, the intervals over all targets; "
+                "the AUC of each draw alone in the last column")
 
     def _settings_text(self, method: str) -> str:
         """The settings a post-hoc method ran with ('' for the control and MUNKEY's key deletion)."""
