@@ -53,6 +53,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                                        "batch with the highest loss gives no gradient (0 = off; the cpu profile trains digits with 0.15)"),
         ("ema-epochs", float, "ship an exponential moving average of the weights and exemplars over about this many "
                               "epochs (0 = off: the last step's)"),
+        ("per-sample-clip", float, "experimental: clip each sample's gradient of the shared weights to this norm "
+                                   "(DP-SGD style, about 2.4x the step time; 0 = off; docs/cli.md)"),
+        ("per-sample-noise", float, "experimental: Gaussian noise on the clipped gradient sum, std = this x the clip "
+                                    "(needs --per-sample-clip; 0 = clipping alone)"),
         ("max-train", int, "use a stratified subset of this many training images (0 = all)"),
         ("seed", int, "training seed (initialisation, batch order, augmentation)"),
         ("split-seed", int, "data split seed (the splits we carve, the --max-train subset); default: --seed"),
@@ -256,7 +260,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "weight_decay", "k", "k_train", "tau",
                                                 "p_retrieval", "p_drop_image", "p_drop_token", "augment_shift",
                                                 "absent_target_mix", "seed", "split_seed", "exemplar_dim", "max_train", "inject_at",
-                                                "drop_path_rate", "ema_epochs", "absent_skip_hardest")}
+                                                "drop_path_rate", "ema_epochs", "absent_skip_hardest", "per_sample_clip",
+                                                "per_sample_noise")}
     if args.width is not None and (args.arch != "resnet18" or args.width < 1):
         raise MunkeyError("--width sets a ResNet-18's channels (a whole number >= 1, e.g. 64 for the standard model); "
                           "use it with --arch resnet18.")

@@ -51,6 +51,8 @@ _TRAIN_RANGES: dict[str, tuple[str, Callable[[float], bool], bool]] = {
     "exemplar_init_std": ("a number of at least 0, e.g. 0.02", _at_least(0), False),
     "augment_shift": ("a fraction of the image side from 0 (off) to below 1, e.g. 0.1", _between(0, 1, True), False),
     "absent_target_mix": ("a share from 0 (off) to 1, e.g. 0.25", _between(0, 1), False),
+    "per_sample_clip": ("a gradient norm of at least 0 (0 = off), e.g. 1", _at_least(0), False),
+    "per_sample_noise": ("a noise multiplier of at least 0 (0 = clipping alone), e.g. 0.5", _at_least(0), False),
     "max_train": ("a whole number of images of at least 1, or 0 for the whole training split", _at_least(0), True),
     "seed": ("a whole number of at least 0", _at_least(0), True),
     "split_seed": ("a whole number of at least 0", _at_least(0), True),
@@ -132,6 +134,9 @@ class TrainConfig:
                                    # fit an image its neighbours disagree with from the image alone (0: off)
     ema_epochs: float = 0.0        # ship an exponential moving average of the weights and exemplars over about this
                                    # many epochs (per-step decay 1 - 1 / (ema_epochs x steps per epoch)); 0: the last step's
+    per_sample_clip: float = 0.0   # clip each sample's gradient of the shared weights to this norm before the batch
+                                   # mean (DP-SGD style; training/per_sample.py; 0: off, the usual batch gradient)
+    per_sample_noise: float = 0.0  # Gaussian noise on the clipped sum, std = this x per_sample_clip (needs the clip)
     max_train: int | None = None   # stratified subset of the training split (None or 0: all)
     seed: int = 0                  # training seed: initialisation, batch order, augmentation and dropout draws
     split_seed: int | None = None  # data seed: the splits we carve and the max_train subset; None = `seed` (as before)
@@ -141,6 +146,10 @@ class TrainConfig:
         if not 0 <= self.absent_skip_hardest < 1:
             raise MunkeyError(f"absent_skip_hardest (--absent-skip-hardest) is a share of a batch's samples: give a "
                               f"number from 0 (off) to below 1, e.g. 0.2 (got {self.absent_skip_hardest}).")
+        if self.per_sample_noise > 0 and self.per_sample_clip <= 0:
+            raise MunkeyError(f"per_sample_noise is a multiple of the per-sample clip norm: set per_sample_clip too, "
+                              f"e.g. per_sample_clip=1 (got per_sample_noise={self.per_sample_noise} with no clip). "
+                              "Nothing was changed.")
         if not self.ema_epochs >= 0:
             raise MunkeyError(f"ema_epochs (--ema-epochs) is how many epochs the shipped weights average over: give 0 "
                               f"(off, the last step's weights) or a positive number, e.g. 5 (got {self.ema_epochs}).")

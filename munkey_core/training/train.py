@@ -45,11 +45,14 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm.auto import tqdm
 
 from munkey_core.config import ModelConfig, TrainConfig
+from munkey_core.errors import MunkeyError
 from munkey_core.bank.memory import MemoryBank
 from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
 from munkey_core.model.predict import predict
 from munkey_core.run.paths import checkpoint_file
 from munkey_core.run.rows import checkpoints, remove_checkpoint, write_checkpoint
+from munkey_core.training.losses import hardest_absent, step_loss
+from munkey_core.training.per_sample import clipped_backward
 from munkey_core.training.torchfix import odd_batch_guard
 
 EpochCallback = Callable[[dict], None]
@@ -145,6 +148,9 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
     """Train a MUNKEY model on `train`; returns the model, the trained bank and per-epoch history.
     Across the ranks of the current process group when there is one (see the module docstring)."""
     rank, size = world()
+    if size > 1 and cfg.per_sample_clip > 0:
+        raise MunkeyError("per_sample_clip trains in one process only (its per-sample gradients are not split across "
+                          "ranks): train without torchrun, or set per_sample_clip=0.")
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     model = MunkeyViT(model_cfg).to(device)
@@ -181,15 +187,23 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
             part = torch.arange(b, device=device).tensor_split(size)[rank]  # this rank's shard of the batch
             y = labels[idx[part]]
             with odd_batch_guard(len(part)):
-                logits = net(x[part], token[part], drop_img[part], drop_tok[part])
-                if size == 1:  # the batch mean, as the single-process recipe always computed it
+                if cfg.per_sample_clip > 0:  # one process (checked above); sets every .grad itself
+                    opt.zero_grad(set_to_none=True)
+                    logits, loss_sum = clipped_backward(model, x, token, drop_img, drop_tok, y, absent, nbr_q[idx],
+                                                        cfg, gen)
+                    loss_sum = loss_sum.double()
+                elif size == 1:
+                    logits = net(x, token, drop_img, drop_tok)  # the batch mean, as the single-process recipe always computed it
                     loss = step_loss(logits, y, absent, nbr_q[idx], cfg, reduction="mean")
                     loss_sum = loss.detach().double() * b
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
                 else:
+                    logits = net(x[part], token[part], drop_img[part], drop_tok[part])
                     loss_sum = step_loss(logits, y, absent[part], nbr_q[idx[part]], cfg)
                     loss = loss_sum * (size / b)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
             if size > 1:  # every rank steps every exemplar row of the global batch alike
                 rows_grad = values.grad[idx] if values.grad is not None else torch.zeros(b, values.shape[1], device=device)
                 dist.all_reduce(rows_grad)
@@ -230,36 +244,6 @@ def neighbour_label_dist(bank: MemoryBank, nbr_rows: torch.Tensor, nbr_w: torch.
     """(N, C): row i = sum_j w_ij onehot(label of neighbour j), the label distribution retrieval gives sample i."""
     labels = torch.as_tensor(np.asarray(bank.labels), dtype=torch.int64)[nbr_rows.cpu()]  # (N, K')
     return torch.zeros(len(nbr_rows), num_classes).scatter_add_(1, labels, nbr_w.cpu().float())
-
-
-def step_loss(logits: torch.Tensor, y: torch.Tensor, absent: torch.Tensor, q: torch.Tensor,
-              cfg: TrainConfig, reduction: str = "sum") -> torch.Tensor:
-    """Cross-entropy ("sum" or "mean" over the batch) of logits (B, C); where `absent` (B,) the target
-    mixes in the neighbours' label distribution q (B, C) by cfg.absent_target_mix, and the
-    cfg.absent_skip_hardest share of the absent samples with the highest loss count zero (module docstring).
-    The mean divides by B either way, so skipped samples lower the step, they do not reweight the rest."""
-    if cfg.absent_target_mix <= 0:
-        per = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none")  # (B,)
-    else:
-        target = F.one_hot(y, logits.shape[1]).to(logits.dtype)
-        a = cfg.absent_target_mix * absent.to(logits.dtype)[:, None]  # (B, 1)
-        target = (1 - a) * target + a * q.to(logits.dtype)
-        if cfg.label_smoothing:
-            target = (1 - cfg.label_smoothing) * target + cfg.label_smoothing / logits.shape[1]
-        per = -(target * F.log_softmax(logits, dim=1)).sum(dim=1)  # (B,)
-    if cfg.absent_skip_hardest > 0:
-        per = per * ~hardest_absent(per.detach(), absent, cfg.absent_skip_hardest)
-    return per.sum() if reduction == "sum" else per.mean()
-
-
-def hardest_absent(per: torch.Tensor, absent: torch.Tensor, share: float) -> torch.Tensor:
-    """(B,) mask of the floor(share x number absent) absent samples with the highest loss `per` (B,)."""
-    n_skip = int(share * int(absent.sum()))
-    mask = torch.zeros_like(absent)
-    if n_skip > 0:
-        ranked = torch.where(absent, per, torch.full_like(per, -float("inf")))
-        mask[ranked.topk(n_skip).indices] = True
-    return mask
 
 
 def _sample_tokens(values: torch.Tensor, idx: torch.Tensor, nbr_rows: torch.Tensor, nbr_w: torch.Tensor,
