@@ -133,3 +133,14 @@ def test_training_with_the_clip_learns_and_refuses_noise_alone() -> None:
     assert res.history[-1]["val_acc"] > 40  # chance is 10
     with pytest.raises(MunkeyError, match="per_sample_clip"):
         TrainConfig(per_sample_noise=1.0)
+
+
+@pytest.mark.parametrize("argv", [["--per-sample-noise", "1"], ["--per-sample-clip", "-1"]])
+def test_train_refuses_a_bad_clip_with_a_message_and_writes_nothing(tmp_path, capsys, argv: list[str]) -> None:
+    from munkey_core.cli import main
+
+    out = tmp_path / "run"
+    code = main(["train", "--dataset", "digits", "--profile", "tiny", "--out", str(out), *argv])
+    err = capsys.readouterr().err
+    assert code != 0 and "per_sample_clip" in err and "Traceback" not in err
+    assert not out.exists()
