@@ -16,6 +16,8 @@ Keys are frozen, so the K' neighbour lists are computed once before the first ep
 AdamW (betas 0.9/0.99) over everything, linear warm-up then cosine decay per step.
 With `ema_epochs` > 0 the weights and exemplars validated, checkpointed and shipped are an exponential
 moving average of the trained ones (torch's AveragedModel; the optimiser's trajectory is unchanged).
+With `per_sample_clip` > 0 (an option; per_sample.py) each sample's gradient of the shared weights is
+clipped, and optionally noised, before the batch mean (DP-SGD style), at about 2.4 times the step cost.
 Cost per step: one plain-ViT forward/backward with one extra token, plus a (B, K', Dv) gather.
 
 One loop serves one process and a DistributedDataParallel group (distributed.py launches it):
@@ -193,7 +195,7 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
                                                         cfg, gen)
                     loss_sum = loss_sum.double()
                 elif size == 1:
-                    logits = net(x, token, drop_img, drop_tok)  # the batch mean, as the single-process recipe always computed it
+                    logits = net(x, token, drop_img, drop_tok)  # the batch mean, as one process always computed it
                     loss = step_loss(logits, y, absent, nbr_q[idx], cfg, reduction="mean")
                     loss_sum = loss.detach().double() * b
                     opt.zero_grad(set_to_none=True)
