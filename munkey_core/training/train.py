@@ -53,7 +53,7 @@ from munkey_core.model.munkey_vit import MunkeyViT, preprocess_images
 from munkey_core.model.predict import predict
 from munkey_core.run.paths import checkpoint_file
 from munkey_core.run.rows import checkpoints, remove_checkpoint, write_checkpoint
-from munkey_core.training.losses import hardest_absent, step_loss
+from munkey_core.training.losses import step_loss
 from munkey_core.training.per_sample import clipped_backward
 from munkey_core.training.torchfix import odd_batch_guard
 
@@ -188,9 +188,9 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
             token, drop_img, drop_tok, absent = _sample_tokens(values, idx, nbr_rows, nbr_w, cfg, gen)
             part = torch.arange(b, device=device).tensor_split(size)[rank]  # this rank's shard of the batch
             y = labels[idx[part]]
+            opt.zero_grad(set_to_none=True)
             with odd_batch_guard(len(part)):
                 if cfg.per_sample_clip > 0:  # one process (checked above); sets every .grad itself
-                    opt.zero_grad(set_to_none=True)
                     logits, loss_sum = clipped_backward(model, x, token, drop_img, drop_tok, y, absent, nbr_q[idx],
                                                         cfg, gen)
                     loss_sum = loss_sum.double()
@@ -198,13 +198,11 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
                     logits = net(x, token, drop_img, drop_tok)  # the batch mean, as one process always computed it
                     loss = step_loss(logits, y, absent, nbr_q[idx], cfg, reduction="mean")
                     loss_sum = loss.detach().double() * b
-                    opt.zero_grad(set_to_none=True)
                     loss.backward()
                 else:
                     logits = net(x[part], token[part], drop_img[part], drop_tok[part])
                     loss_sum = step_loss(logits, y, absent[part], nbr_q[idx[part]], cfg)
                     loss = loss_sum * (size / b)
-                    opt.zero_grad(set_to_none=True)
                     loss.backward()
             if size > 1:  # every rank steps every exemplar row of the global batch alike
                 rows_grad = values.grad[idx] if values.grad is not None else torch.zeros(b, values.shape[1], device=device)

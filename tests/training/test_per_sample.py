@@ -108,11 +108,12 @@ def test_noise_has_the_promised_spread(batch: dict) -> None:
     clip, sigma = 0.5, 2.0
     model, values = _model(), _values()
     args = (batch["drop_img"], batch["drop_tok"], batch["y"], batch["absent"], batch["q"])
-    clipped_backward(model, batch["x"], values[torch.arange(B)], *args, TrainConfig(per_sample_clip=clip), torch.Generator().manual_seed(0))
+    clipped_backward(model, batch["x"], values[torch.arange(B)], *args, TrainConfig(per_sample_clip=clip),
+                     torch.Generator().manual_seed(0))
     clean = torch.cat([p.grad.flatten() for p in model.parameters()])
     model.zero_grad(set_to_none=True)
-    clipped_backward(model, batch["x"], values[torch.arange(B)], *args, TrainConfig(per_sample_clip=clip, per_sample_noise=sigma),
-                     torch.Generator().manual_seed(0))
+    clipped_backward(model, batch["x"], values[torch.arange(B)], *args,
+                     TrainConfig(per_sample_clip=clip, per_sample_noise=sigma), torch.Generator().manual_seed(0))
     noise = torch.cat([p.grad.flatten() for p in model.parameters()]) - clean
     assert noise.numel() > 10_000
     assert float(noise.std()) == pytest.approx(sigma * clip / B, rel=0.05)
