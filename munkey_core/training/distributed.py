@@ -2,7 +2,11 @@
 
 Launch (writes the same run directory as `munkey train`):
 
-    torchrun --nproc_per_node 2 -m munkey_core.training.distributed --dataset digits --out runs/ddp --profile cpu
+    torchrun --nproc_per_node 2 -m munkey_core.training.distributed --dataset digits --out runs/ddp --profile cpu \
+        --per-sample-clip 0
+
+(the cpu profile trains digits with per-sample clipping, which runs in one process only: `--per-sample-clip 0`
+trains its former default on several)
 
 Design: data parallel over each global batch, with results equal to single-process training; the
 loop is train.py's (one loop for one or many processes), this module launches it.
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--inject-at", type=int, default=None,
                    help="block the exemplar token joins at (0: the paper's design; L > 0: late injection)")
+    p.add_argument("--per-sample-clip", type=float, default=None,
+                   help="per-sample gradient clip (one process only: give 0 where the profile's recipe sets one)")
     args = p.parse_args(argv)
     device = _device(args.device)
     if "RANK" in os.environ and not dist.is_initialized():
@@ -89,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             check_new_run_dir(out)  # never overwrite a user's folder or file
         prof = resolve_profile(args.profile)
-        overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "max_train", "seed", "lr", "inject_at")}
+        overrides = {k: getattr(args, k) for k in ("epochs", "batch_size", "max_train", "seed", "lr", "inject_at",
+                                                   "per_sample_clip")}
         with_overrides(prof.model_for(args.dataset), overrides)  # a bad --inject-at fails here, before any data is loaded
         cfg = with_overrides(prof.train_for(args.dataset), overrides)
         ds = data_mod.load_dataset(args.dataset, args.data_root, seed=cfg.data_seed, max_train=cfg.max_train or None)

@@ -85,3 +85,20 @@ def test_torchrun_writes_a_run(tiny_run_template: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = MunkeyRun(out, device="cpu")
     assert len(run.bank) > 1000 and run.config["processes"] == 2
+
+
+def test_torchrun_refuses_per_sample_clip_with_advice_that_its_launcher_accepts(tiny_run_template: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The clip trains in one process only (the cpu profile's digits recipe sets it): under torchrun every
+    rank stops before training with advice naming `--per-sample-clip 0`, an option this launcher takes
+    (argparse would otherwise refuse the clip itself), and no run is written."""
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "munkey_core.training.distributed", "--dataset", "digits", "--out", str(out), "--profile", "tiny",
+           "--epochs", "1", "--device", "cpu", "--per-sample-clip", "1"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    said = proc.stdout + proc.stderr
+    assert "per_sample_clip trains in one process only" in said and "--per-sample-clip 0" in said, said[-2000:]
+    assert "unrecognized arguments" not in said and "Traceback" not in proc.stdout
+    assert not (out / "config.json").exists()
