@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: markdown tables, their files, "mean ± sd" cells and synthetic keys.
+"""Helpers shared by the benchmarks: markdown tables, their files, "mean ± sd" cells, synthetic keys and
+the --munkey-set parser.
 
 Keys are synthetic and clustered (CENTRES centres plus noise, unit norm), generated CHUNK rows at a
 time so that a 1M-row bank is built in bounded memory.
@@ -71,3 +72,32 @@ def write_tables(folder: str | Path, name: str, text: str, rows: Sequence[dict],
         w.writerows({c: r.get(c) for c in columns} for r in rows)
     print(f"wrote {md} and .csv")
     return md
+
+
+def munkey_settings(profile: str, dataset: str, pairs: list[str]) -> dict[str, int | float]:
+    """{'p_retrieval': 0.25, ...} from --munkey-set NAME=VALUE pairs (`bench ulira`'s shadows, `bench fidelity`'s
+    runs): numeric TrainConfig fields of the MUNKEY models over the profile's recipe, typed as the recipe's own
+    value and checked by the training config's own rules now (MunkeyError), not after the keys are encoded.
+    Epochs and the seed have their own options."""
+    from dataclasses import fields
+
+    from munkey_core.config import resolve_profile, with_overrides
+    from munkey_core.errors import MunkeyError
+
+    base = resolve_profile(profile).train_for(dataset)
+    numeric = {f.name for f in fields(base) if type(getattr(base, f.name)) in (int, float)} - {"epochs", "seed",
+                                                                                                 "split_seed"}
+    out: dict[str, int | float] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        name = name.strip()
+        if not eq or name not in numeric:
+            raise MunkeyError(f"--munkey-set takes NAME=VALUE with NAME a numeric training setting of the MUNKEY "
+                              f"models ({', '.join(sorted(numeric))}); got {pair!r}.")
+        try:
+            out[name] = type(getattr(base, name))(value)
+        except ValueError:
+            kind = "a whole number" if isinstance(getattr(base, name), int) else "a number"
+            raise MunkeyError(f"--munkey-set {name} must be {kind}; got {value!r}.") from None
+    with_overrides(base, out)
+    return out

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from munkey_core.bench._common import mean_sd, write_tables
+from munkey_core.bench._common import mean_sd, munkey_settings, write_tables
 from munkey_core.bench.fidelity_merge import AUDITED, merged, read_rows, with_audited
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_json, read_json
@@ -138,7 +138,9 @@ class FidelityBench:
             from munkey_core.eval.mia import check_n_refs
 
             check_n_refs(int(getattr(args, "mia_refs", 2)))
+        self.munkey_over = munkey_settings(args.profile, args.dataset, getattr(args, "munkey_set", None) or [])
         suffix = f"_late{self.inject_at}" if self.inject_at else ""  # never reuse paper-design models
+        suffix += "".join(f"_{k}{v:g}" for k, v in sorted(self.munkey_over.items()))  # nor the profile's recipe's
         self.work = Path(args.work) / f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}{suffix}"
         self.trained = 0  # models trained by this invocation (0 on a full resume)
         self.audited: dict[tuple[float, int], dict] = {}  # (rate, seed) -> seconds of the audited request
@@ -150,8 +152,9 @@ class FidelityBench:
         return {"seed": seed, "epochs": self.args.epochs, "augment_shift": getattr(self.args, "vit_shift", None)}
 
     def _munkey_overrides(self, seed: int) -> dict:
-        """The MUNKEY recipe: the design on the profile's (its M-oracles inherit it from the run's config)."""
-        return {"seed": seed, "epochs": self.args.epochs, "inject_at": self.inject_at}
+        """The MUNKEY recipe: the design and --munkey-set on the profile's (its M-oracles inherit them from the
+        run's config)."""
+        return {**self.munkey_over, "seed": seed, "epochs": self.args.epochs, "inject_at": self.inject_at}
 
     def _originals(self, seed: int):
         """(MUNKEY run, ViT classifier run or None when no post-hoc method is asked for) of this seed,
@@ -413,6 +416,8 @@ class FidelityBench:
         lines = [f"## {a.dataset}, profile {a.profile}: random forgetting, {len(self.seeds)} seed(s) "
                  f"({', '.join(map(str, self.seeds))})", "",
                  f"MUNKEY design: {self.design}."
+                 + "".join(f" MUNKEY {k} {v:g} (--munkey-set; the profile's otherwise)." for k, v in
+                           sorted(self.munkey_over.items()))
                  + ("" if self.methods else " MUNKEY and its M-oracle only (--methods ''): no plain ViT, T-oracle "
                                             "or post-hoc rows.")
                  + ("" if getattr(a, "vit_shift", None) is None else
@@ -574,7 +579,9 @@ class FidelityBench:
         if not self.methods:
             print("--methods is empty: measuring MUNKEY and its M-oracle only (no plain ViT, T-oracle or post-hoc "
                   "rows, so no ViT is trained)")
-        print(f"MUNKEY design: {self.design}; models cached under {self.work}")
+        print(f"MUNKEY design: {self.design}"
+              + "".join(f", {k} {v:g} (--munkey-set)" for k, v in sorted(self.munkey_over.items()))
+              + f"; models cached under {self.work}")
         read, read_audited = read_rows(self.merge_csv, self.rates) if self.merge_csv else ([], {})
         clash = sorted({r["seed"] for r in read} & set(self.seeds))
         if clash:  # fail before hours of training, not after

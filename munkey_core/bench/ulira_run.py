@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from munkey_core.bench._common import write_tables
+from munkey_core.bench._common import munkey_settings, write_tables
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_json, read_json
 
@@ -36,33 +36,6 @@ def mean_test_accuracy(per_shadow: list[dict | None], method: str) -> float | No
     (cached before the bench recorded it), so a row never averages a subset of its shadows."""
     values = [acc.get(method) if acc else None for acc in per_shadow]
     return None if not values or any(v is None for v in values) else float(np.mean(values))
-
-
-def munkey_settings(profile: str, dataset: str, pairs: list[str]) -> dict[str, int | float]:
-    """{'p_retrieval': 0.25, ...} from --munkey-set NAME=VALUE pairs: numeric TrainConfig fields of the MUNKEY
-    shadows over the profile's recipe, typed as the recipe's own value and checked by the training config's
-    own rules now (MunkeyError), not after the keys are encoded. Epochs and the seed have their own options."""
-    from dataclasses import fields
-
-    from munkey_core.config import resolve_profile, with_overrides
-
-    base = resolve_profile(profile).train_for(dataset)
-    numeric = {f.name for f in fields(base) if type(getattr(base, f.name)) in (int, float)} - {"epochs", "seed",
-                                                                                                 "split_seed"}
-    out: dict[str, int | float] = {}
-    for pair in pairs:
-        name, eq, value = pair.partition("=")
-        name = name.strip()
-        if not eq or name not in numeric:
-            raise MunkeyError(f"--munkey-set takes NAME=VALUE with NAME a numeric training setting of the MUNKEY "
-                              f"shadows ({', '.join(sorted(numeric))}); got {pair!r}.")
-        try:
-            out[name] = type(getattr(base, name))(value)
-        except ValueError:
-            kind = "a whole number" if isinstance(getattr(base, name), int) else "a number"
-            raise MunkeyError(f"--munkey-set {name} must be {kind}; got {value!r}.") from None
-    with_overrides(base, out)
-    return out
 
 
 class UliraBench:

@@ -174,10 +174,30 @@ def test_bench_fidelity_rejects_bad_options(tmp_path: Path, capsys: pytest.Captu
     assert "Unknown method" in capsys.readouterr().err
     # refused before the first model is trained (an hour at the cpu profile), not after it
     for argv, said in ((["--mia", "strong", "--mia-refs", "3"], "--mia-refs must be an even number"),
-                       (["--epochs", "0"], "epochs (--epochs) must be"), (["--vit-shift", "1.5"], "--vit-shift is")):
+                       (["--epochs", "0"], "epochs (--epochs) must be"), (["--vit-shift", "1.5"], "--vit-shift is"),
+                       (["--munkey-set", "per_sample_clip=x"], "--munkey-set per_sample_clip must be a number"),
+                       (["--munkey-set", "per_sample_clip=-1"], "per_sample_clip"),
+                       (["--munkey-set", "seed=3"], "--munkey-set takes NAME=VALUE")):
         assert main(["bench", "fidelity", "--profile", "tiny", *argv, "--work", str(tmp_path / "w")]) == 2
         assert said in capsys.readouterr().err, argv
     assert not (tmp_path / "w").exists()
+
+
+def test_bench_fidelity_munkey_set_trains_runs_and_oracles_with_it_in_their_own_folder(
+        cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--munkey-set changes the MUNKEY recipe of the run and, through its config, of its M-oracle; the models
+    live in their own --work subfolder (never the profile recipe's) and the table names the setting."""
+    argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "tiny", "--seed-list", "0", "--rates", "0.1",
+            "--epochs", "2", "--methods", "", "--floor-oracles", "0", "--munkey-set", "per_sample_clip=0.5",
+            "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    assert "trained 2 model(s)" in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "work").iterdir()] == ["digits_tiny_per_sample_clip0.5"]
+    root = tmp_path / "work" / "digits_tiny_per_sample_clip0.5" / "seed_0" / "munkey"
+    (oracle,) = (root / "oracles").iterdir()
+    for model in (root, oracle):
+        assert json.loads((model / "config.json").read_text())["train"]["per_sample_clip"] == 0.5, model
+    assert "MUNKEY per_sample_clip 0.5 (--munkey-set" in (tmp_path / "out" / "fidelity_digits.md").read_text()
 
 
 def test_bench_fidelity_tune_prints_the_chosen_settings(cache_dir: Path, tmp_path: Path,
