@@ -53,8 +53,10 @@ def classifier_recipe(arch: str, profile: str, num_classes: int, in_chans: int,
     cfg = ClassifierConfig(arch=arch, img_size=m.img_size, in_chans=in_chans, num_classes=num_classes,
                            patch_size=m.patch_size, embed_dim=m.embed_dim, depth=m.depth, num_heads=m.num_heads,
                            mlp_ratio=m.mlp_ratio, drop_path_rate=m.drop_path_rate)
-    # the absent-target mix and skip are MUNKEY training rules (they need the bank's exemplars): a baseline records 0
-    train_cfg = replace(prof.train_for(dataset), absent_target_mix=0.0, absent_skip_hardest=0.0)
+    # the absent-target mix, the skip and the per-sample clip are MUNKEY training rules (the first two need the
+    # bank's exemplars; train_classifier has no per-sample step): a baseline records 0
+    train_cfg = replace(prof.train_for(dataset), absent_target_mix=0.0, absent_skip_hardest=0.0,
+                        per_sample_clip=0.0, per_sample_noise=0.0)
     if arch == "resnet18":
         model_over, train_over = RESNET_PROFILES[prof.name]
         cfg, train_cfg = replace(cfg, **model_over), replace(train_cfg, **train_over)

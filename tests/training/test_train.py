@@ -324,6 +324,27 @@ def test_step_loss_skips_the_hardest_absent_samples_only() -> None:
         TrainConfig(absent_skip_hardest=1.0)
 
 
+def test_per_sample_clip_is_off_in_every_profile_and_never_a_baselines(monkeypatch) -> None:
+    """Per-sample clipping is an option (forgetting_at_defaults.md, "Per-sample clipping as the digits
+    default?": the rule written first was not met); no profile turns it on, and a plain-ViT or ResNet
+    baseline trained with a recipe that did would record no clip (train_classifier has no per-sample step)."""
+    import dataclasses
+
+    from munkey_core.config import PROFILES
+    from munkey_core.training.classifier import classifier_recipe
+
+    assert all(p.train_for(d).per_sample_clip == 0.0 and p.train_for(d).per_sample_noise == 0.0
+               for p in PROFILES.values() for d in ("digits", "fashion-mnist", "elpv"))
+    cpu = PROFILES["cpu"]
+    clipped = dataclasses.replace(cpu, dataset_recipe={"digits": {**cpu.dataset_recipe["digits"],
+                                                                  "per_sample_clip": 1.0, "per_sample_noise": 0.5}})
+    monkeypatch.setitem(PROFILES, "cpu", clipped)
+    assert PROFILES["cpu"].train_for("digits").per_sample_clip == 1.0  # the premise: this recipe clips
+    for arch in ("vit", "resnet18"):
+        train_cfg = classifier_recipe(arch, "cpu", 10, 1, {}, "digits")[1]
+        assert (train_cfg.per_sample_clip, train_cfg.per_sample_noise) == (0.0, 0.0), arch
+
+
 def test_absent_skip_hardest_reaches_training_and_is_on_only_where_measured(digits: TrainData) -> None:
     """The option changes what is trained (same seed, different weights); the cpu profile's digits recipe
     skips the hardest 15 % (docs/results/forgetting_at_defaults.md: within the floor on seven splits in two
