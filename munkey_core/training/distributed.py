@@ -2,11 +2,9 @@
 
 Launch (writes the same run directory as `munkey train`):
 
-    torchrun --nproc_per_node 2 -m munkey_core.training.distributed --dataset digits --out runs/ddp --profile cpu \
-        --per-sample-clip 0
+    torchrun --nproc_per_node 2 -m munkey_core.training.distributed --dataset digits --out runs/ddp --profile cpu
 
-(the cpu profile trains digits with per-sample clipping, which runs in one process only: `--per-sample-clip 0`
-trains its former default on several)
+(per-sample clipping, `--per-sample-clip C`, trains in one process only: every rank refuses it before training)
 
 Design: data parallel over each global batch, with results equal to single-process training; the
 loop is train.py's (one loop for one or many processes), this module launches it.
@@ -84,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inject-at", type=int, default=None,
                    help="block the exemplar token joins at (0: the paper's design; L > 0: late injection)")
     p.add_argument("--per-sample-clip", type=float, default=None,
-                   help="per-sample gradient clip (one process only: give 0 where the profile's recipe sets one)")
+                   help="per-sample gradient clip (one process only: 0 = off, the profiles' default; refused above 0)")
     args = p.parse_args(argv)
     device = _device(args.device)
     if "RANK" in os.environ and not dist.is_initialized():

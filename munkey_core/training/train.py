@@ -152,7 +152,7 @@ def train_munkey(model_cfg: ModelConfig, cfg: TrainConfig, train: TrainData, *, 
     rank, size = world()
     if size > 1 and cfg.per_sample_clip > 0:
         raise MunkeyError("per_sample_clip trains in one process only (its per-sample gradients are not split across "
-                          "ranks): train without torchrun, or set per_sample_clip=0.")
+                          "ranks): train without torchrun, or pass --per-sample-clip 0 (per_sample_clip=0).")
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     model = MunkeyViT(model_cfg).to(device)
