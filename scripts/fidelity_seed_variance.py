@@ -76,11 +76,13 @@ RECIPE_BEFORE_2026_12_04 = {"digits": {"augment_shift": 0.2}}
 def effective_recipe(r: dict) -> dict:
     """A results.jsonl line's recipe: the profile's dataset recipe of its time with its --set on top, less
     the fields set to the profile's base value (so `--set absent_target_mix=0` today groups with the lines
-    trained before the mix existed)."""
+    trained before the mix existed); a whole number given to a float field reads as a float (`--set
+    per_sample_clip=1` and the profile's 1.0 are one recipe)."""
     recipe = r["recipe"] if "recipe" in r else {**RECIPE_BEFORE_2026_12_04.get(r.get("dataset", "digits"), {}),
                                                 **r.get("set", {})}
     base = {**vars(PROFILES["cpu"].model), **vars(PROFILES["cpu"].train)}
-    return {k: v for k, v in recipe.items() if not (k in base and base[k] == v)}
+    return {k: float(v) if isinstance(base.get(k), float) and isinstance(v, int) else v
+            for k, v in recipe.items() if not (k in base and base[k] == v)}
 
 
 def excluded_ids(split_seed: int, exclude: str, rate: float = RATE, dataset: str = "digits",

@@ -39,3 +39,22 @@ def test_a_cached_model_of_another_recipe_is_refused_then_recorded_with_its_own(
     assert done.returncode == 0, done.stderr[-2000:]
     line = json.loads((folder / "results.jsonl").read_text())
     assert line["recipe"] == {k: own[k] for k in asked} and line["after_deletion"]["TA"] > 0
+
+
+def test_a_whole_number_set_on_a_float_field_is_the_profiles_recipe(monkeypatch) -> None:
+    """`--set per_sample_clip=1` records 1 where a profile recipe would say 1.0: one recipe for `gaps`, so
+    the "(shipped)" mark follows a recipe whatever way it was written; base-valued fields drop out."""
+    import dataclasses
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("seedvar", ROOT / "scripts" / "fidelity_seed_variance.py")
+    seedvar = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seedvar)
+    line = {"recipe": {"augment_shift": 0.2, "absent_skip_hardest": 0.15, "per_sample_clip": 1, "per_sample_noise": 0}}
+    assert seedvar.effective_recipe(line) == {"augment_shift": 0.2, "absent_skip_hardest": 0.15, "per_sample_clip": 1.0}
+    recipe = json.dumps(seedvar.effective_recipe(line), sort_keys=True)
+    assert recipe != seedvar.shipped("digits")  # today's digits default has no clip
+    cpu = PROFILES["cpu"]
+    clipped = dataclasses.replace(cpu, dataset_recipe={"digits": {**cpu.dataset_recipe["digits"], "per_sample_clip": 1.0}})
+    monkeypatch.setitem(PROFILES, "cpu", clipped)
+    assert recipe == seedvar.shipped("digits")
