@@ -28,17 +28,21 @@ def _gaps_output(attack: str, folder: Path = FOLDER, *also: Path) -> str:
     return out.stdout
 
 
-DRAWS = ("", "skip015/", "draw2/", "skip015/draw2/")  # each recipe's first and second draw of training seeds
+DRAWS = ("", "skip015/", "draw2/", "skip015/draw2/", "clip1/draw2/")  # each recipe's draws of training seeds
+# (folder, attack) pairs with a committed table: the per-sample clip's first draw was measured with the cheap attack only
+TABLES = [(d, a) for d in DRAWS for a in ("cheap", "strong")] + [("clip1/", "cheap")]
+BOTH = [(r, a) for r in ("", "skip015/") for a in ("cheap", "strong")] + [("clip1/", "cheap")]
+# models per split and draw: (runs, M-oracles) at 10%; the clip's draws have one run and two oracles per split
+PER_SPLIT = {"": (2, 2), "skip015/": (2, 2), "draw2/": (2, 2), "skip015/draw2/": (2, 2), "clip1/": (1, 2),
+             "clip1/draw2/": (1, 2)}
 
 
-@pytest.mark.parametrize(("attack", "table"), [(a, f"{d}gaps_{a}.txt") for d in DRAWS for a in ("cheap", "strong")])
-def test_committed_seven_split_table_is_what_its_lines_render(attack: str, table: str) -> None:
-    folder = (FOLDER / table).parent
-    assert _gaps_output(attack, folder) == (FOLDER / table).read_text()
+@pytest.mark.parametrize(("folder", "attack"), TABLES)
+def test_committed_seven_split_table_is_what_its_lines_render(folder: str, attack: str) -> None:
+    assert _gaps_output(attack, FOLDER / folder) == (FOLDER / folder / f"gaps_{attack}.txt").read_text()
 
 
-@pytest.mark.parametrize("recipe", ("", "skip015/"))
-@pytest.mark.parametrize("attack", ("cheap", "strong"))
+@pytest.mark.parametrize(("recipe", "attack"), BOTH)
 def test_committed_both_draws_table_is_what_both_folders_render(attack: str, recipe: str) -> None:
     assert (_gaps_output(attack, FOLDER / recipe, FOLDER / recipe / "draw2")
             == (FOLDER / recipe / f"both_draws_{attack}.txt").read_text())
@@ -57,12 +61,16 @@ def _avg_gap(a: dict, b: dict) -> float:
     return sum(abs(a[k] - b[k]) for k in GAPS) / 4
 
 
-@pytest.mark.parametrize(("draws", "table"), [((d,), f"{d}gaps_{{}}.txt") for d in DRAWS]
-                         + [((r, f"{r}draw2/"), f"{r}both_draws_{{}}.txt") for r in ("", "skip015/")])
-@pytest.mark.parametrize(("attack", "lines"), [("cheap", "results.jsonl"), ("strong", "strong.jsonl")])
-def test_committed_seven_split_pooled_figures_recomputed(attack: str, lines: str, draws: tuple, table: str) -> None:
+_LINES = {"cheap": "results.jsonl", "strong": "strong.jsonl"}
+
+
+@pytest.mark.parametrize(("draws", "table", "attack"),
+                         [((d,), f"{d}gaps_{a}.txt", a) for d, a in TABLES]
+                         + [((r, f"{r}draw2/"), f"{r}both_draws_{a}.txt", a) for r, a in BOTH])
+def test_committed_seven_split_pooled_figures_recomputed(attack: str, draws: tuple, table: str) -> None:
     """10%: the pooled run-vs-oracle gap, the oracle-pair floor and the signed FA offset per split, from
     the JSON lines directly (runs after deletion against every oracle of their split)."""
+    lines = _LINES[attack]
     runs, oracles = {}, {}
     for line in [x for d in draws for x in (FOLDER / d / lines).read_text().splitlines()]:
         r = json.loads(line)
@@ -77,11 +85,24 @@ def test_committed_seven_split_pooled_figures_recomputed(attack: str, lines: str
     floor = [_avg_gap(a, b) for s in oracles for a, b in itertools.combinations(oracles[s].values(), 2)]
     fa = [np.mean([a["FA"] for a in runs[s].values()]) - np.mean([o["FA"] for o in oracles[s].values()])
           for s in sorted(runs)]
-    text = (FOLDER / table.format(attack)).read_text()
+    text = (FOLDER / table).read_text()
     pooled = next(x for x in text.splitlines() if x.strip().startswith("digits, 10%, recipe") and "run vs oracle" in x)
-    n = 2 * len(draws)  # two runs and two oracles on each of seven splits per draw
-    assert len(cross) == 7 * n * n and len(floor) == 7 * n * (n - 1) // 2
+    n_runs, n_oracles = (sum(PER_SPLIT[d][i] for d in draws) for i in (0, 1))  # per split, over the draws pooled
+    assert len(cross) == 7 * n_runs * n_oracles and len(floor) == 7 * n_oracles * (n_oracles - 1) // 2
     assert f"run vs oracle {np.mean(cross):.2f} (n={len(cross)}" in pooled
     assert f"against a floor of {np.mean(floor):.2f} (n={len(floor)}" in pooled
     offsets = next(x for x in text.splitlines() if "run - oracle, signed" in x and f"FA {np.mean(fa):+.2f}" in x)
     assert " ".join(f"{v:+.2f}" for v in fa) in offsets
+
+
+def test_the_shipped_marker_follows_the_profile_recipe() -> None:
+    """`gaps` marks the rows of the recipe `munkey train` gives digits today: the default's (skip 0.15) and not
+    the per-sample clip's, an option (trained with `--set per_sample_clip=1`; a whole number read as the
+    float field it sets, so the mark would follow the clip if the profile's recipe set 1.0)."""
+    from munkey_core.config import PROFILES
+
+    assert PROFILES["cpu"].train_for("digits").per_sample_clip == 0.0  # the premise: the clip is an option
+    for folder, shipped in (("clip1/draw2/", False), ("skip015/draw2/", True)):
+        rows = [x for x in (FOLDER / folder / "gaps_cheap.txt").read_text().splitlines() if "10% forget set, split" in x]
+        assert len(rows) == 7 and all(("(shipped)" in x) is shipped for x in rows), folder
+        assert all('"per_sample_clip": 1.0' in x for x in rows) is (folder == "clip1/draw2/"), folder
