@@ -17,8 +17,8 @@ re-run resumes and an identical re-run trains nothing.
 run and its M-oracles are built with the exemplar token joining at block L, cached in their own
 --work subfolder (<dataset>_<profile>_late<L>), never shared with paper-design models. `--munkey-set
 NAME=VALUE` trains the MUNKEY runs (and so their M-oracles) with another value of a training setting than
-the profile's, in its own --work subfolder too (e.g. `per_sample_clip=0`: the digits default before
-2026-12-07); the plain ViT family is unchanged. `--methods ''`
+the profile's, in its own --work subfolder too (e.g. `per_sample_clip=1`, or `absent_skip_hardest=0.1`:
+the digits default of 2026-12-05); the plain ViT family is unchanged. `--methods ''`
 measures MUNKEY and its M-oracle only (no plain ViT, T-oracle or post-hoc rows). `--tune` adds, per
 post-hoc method, a row with the settings chosen on a validation forget split (unlearn/tuning.py), the
 settings printed under the table and in the CSV's settings column. `--merge-csv A.csv ...` joins the
@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "their own --work subfolder, suffix _late<L>)")
     p.add_argument("--munkey-set", action="append", default=[], metavar="NAME=VALUE",
                    help="a training setting of the MUNKEY runs over the profile's recipe (a numeric TrainConfig field, "
-                        "e.g. per_sample_clip=0; repeatable; models cached in their own --work subfolder)")
+                        "e.g. per_sample_clip=1; repeatable; models cached in their own --work subfolder)")
     p.add_argument("--mia", default="cheap", choices=["cheap", "strong"],
                    help="cheap: loss attack; strong: RMIA-style with reference ViTs (trained per seed)")
     p.add_argument("--mia-refs", type=int, default=2,

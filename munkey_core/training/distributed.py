@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inject-at", type=int, default=None,
                    help="block the exemplar token joins at (0: the paper's design; L > 0: late injection)")
     p.add_argument("--per-sample-clip", type=float, default=None,
-                   help="per-sample gradient clip (one process only: 0 = off, the profiles' default; refused above 0)")
+                   help="per-sample gradient clip (0 = off, the profiles' default; above 0 trains in one process only)")
     args = p.parse_args(argv)
     device = _device(args.device)
     if "RANK" in os.environ and not dist.is_initialized():
