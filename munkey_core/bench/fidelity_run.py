@@ -156,6 +156,22 @@ class FidelityBench:
         run's config)."""
         return {**self.munkey_over, "seed": seed, "epochs": self.args.epochs, "inject_at": self.inject_at}
 
+    def _check_cached_recipe(self, seed: int) -> None:
+        """Refuses a cached MUNKEY run (and so its cached rows) of another recipe than this command measures: the
+        profile's for the dataset with --munkey-set (the profile's recipe may have changed since it was trained)."""
+        from munkey_core.config import resolve_profile
+
+        a, config = self.args, RunPaths(self.work / f"seed_{seed}" / "munkey").config
+        if not config.exists():
+            return
+        cfg = read_json(config)
+        want = {**resolve_profile(a.profile).dataset_recipe.get(a.dataset, {}), **self.munkey_over}
+        trained = {k: cfg.get("train", {}).get(k, cfg.get("model", {}).get(k)) for k in want}
+        if trained != want:
+            raise MunkeyError(f"{config.parent} was trained with {trained}, not the recipe this command measures "
+                              f"({want}: the profile's for {a.dataset}, with --munkey-set); use another --work or "
+                              "delete that folder.")
+
     def _originals(self, seed: int):
         """(MUNKEY run, ViT classifier run or None when no post-hoc method is asked for) of this seed,
         trained when missing."""
@@ -588,6 +604,8 @@ class FidelityBench:
             raise MunkeyError(f"--merge-csv: seed(s) {clash} are both in the CSV and asked for here; leave them out "
                               "of --seed-list.")
         merged(read, [], self.rates, optional=(SELECTED,))  # the CSVs' own checks, before training too
+        for seed in self.seeds:
+            self._check_cached_recipe(seed)
         rows: list[dict] = []
         for rate, seed in tqdm(cells, desc="fidelity", unit="cell", dynamic_ncols=True):
             rows += self.cell(rate, seed)

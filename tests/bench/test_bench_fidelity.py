@@ -184,9 +184,10 @@ def test_bench_fidelity_rejects_bad_options(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_bench_fidelity_munkey_set_trains_runs_and_oracles_with_it_in_their_own_folder(
-        cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """--munkey-set changes the MUNKEY recipe of the run and, through its config, of its M-oracle; the models
-    live in their own --work subfolder (never the profile recipe's) and the table names the setting."""
+    live in their own --work subfolder (never the profile recipe's) and the table names the setting. A cached
+    run whose recipe is no longer the profile's is refused, not measured as today's."""
     argv = ["bench", "fidelity", "--dataset", "digits", "--profile", "tiny", "--seed-list", "0", "--rates", "0.1",
             "--epochs", "2", "--methods", "", "--floor-oracles", "0", "--munkey-set", "per_sample_clip=0.5",
             "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
@@ -198,6 +199,16 @@ def test_bench_fidelity_munkey_set_trains_runs_and_oracles_with_it_in_their_own_
     for model in (root, oracle):
         assert json.loads((model / "config.json").read_text())["train"]["per_sample_clip"] == 0.5, model
     assert "MUNKEY per_sample_clip 0.5 (--munkey-set" in (tmp_path / "out" / "fidelity_digits.md").read_text()
+    import dataclasses
+
+    from munkey_core.config import PROFILES
+
+    changed = dataclasses.replace(PROFILES["tiny"], dataset_recipe={"digits": {"absent_skip_hardest": 0.2}})
+    monkeypatch.setitem(PROFILES, "tiny", changed)  # the profile's digits recipe moves after the run was cached
+    assert main(argv) == 2
+    said = capsys.readouterr().err
+    assert "was trained with" in said and "absent_skip_hardest" in said and "Traceback" not in said
+    assert [p.name for p in (root / "oracles").iterdir()] == [oracle.name]  # nothing trained
 
 
 def test_bench_fidelity_tune_prints_the_chosen_settings(cache_dir: Path, tmp_path: Path,
