@@ -280,6 +280,13 @@ def with_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     return replace(cfg, **{k: v for k, v in overrides.items() if k in names and v is not None})
 
 
+def recorded_settings(config: dict[str, Any], names: Any) -> dict[str, Any]:
+    """What a run's config.json records for these ModelConfig/TrainConfig fields ({name: value}, None where it
+    records neither): compared with a recipe to tell whether a cached run was trained with it."""
+    train, model = config.get("train", {}), config.get("model", {})
+    return {name: train.get(name, model.get(name)) for name in names}
+
+
 def from_dict(cls: type, data: dict[str, Any]) -> Any:
     """Build dataclass `cls` from a dict, ignoring unknown keys (forward compatibility)."""
     names = {f.name for f in fields(cls)}
@@ -287,4 +294,4 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
 
 
 __all__ = ["ModelConfig", "TrainConfig", "Profile", "PROFILES", "resolve_profile", "resolve_device",
-           "with_overrides", "from_dict", "asdict"]
+           "with_overrides", "recorded_settings", "from_dict", "asdict"]

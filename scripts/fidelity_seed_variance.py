@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from munkey_core.config import PROFILES
+from munkey_core.config import PROFILES, recorded_settings
 from munkey_core.data import datasets as data_mod
 from munkey_core.data.sampling import random_ids
 from munkey_core.eval.oracles import TPR_KEYS, eval_sets, measure, munkey_scorer
@@ -127,7 +127,7 @@ def train(args: argparse.Namespace) -> None:
                                            recipe), progress=False)
     run = MunkeyRun(out, device="cpu")
     want = {**PROFILES["cpu"].dataset_recipe.get(args.dataset, {}), **recipe}
-    trained = {key: run.config["train"].get(key, run.config["model"].get(key)) for key in want}  # config.json's
+    trained = recorded_settings(run.config, want)  # config.json's
     if trained != want:  # a cached model re-measured after the profile's recipe changed: name its own recipe
         raise SystemExit(f"{args.name} was trained with {trained}, not {want}: re-measure it with --set for each "
                          "field that differs, so that its line records the recipe it was trained with")

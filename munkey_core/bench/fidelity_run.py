@@ -139,6 +139,8 @@ class FidelityBench:
 
             check_n_refs(int(getattr(args, "mia_refs", 2)))
         self.munkey_over = munkey_settings(args.profile, args.dataset, getattr(args, "munkey_set", None) or [])
+        # the recipe every MUNKEY run of this command has: the profile's for the dataset with --munkey-set on top
+        self.munkey_recipe = {**profile.dataset_recipe.get(args.dataset, {}), **self.munkey_over}
         suffix = f"_late{self.inject_at}" if self.inject_at else ""  # never reuse paper-design models
         suffix += "".join(f"_{k}{v:g}" for k, v in sorted(self.munkey_over.items()))  # nor the profile's recipe's
         self.work = Path(args.work) / f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}{suffix}"
@@ -159,18 +161,16 @@ class FidelityBench:
     def _check_cached_recipe(self, seed: int) -> None:
         """Refuses a cached MUNKEY run (and so its cached rows) of another recipe than this command measures: the
         profile's for the dataset with --munkey-set (the profile's recipe may have changed since it was trained)."""
-        from munkey_core.config import resolve_profile
+        from munkey_core.config import recorded_settings
 
-        a, config = self.args, RunPaths(self.work / f"seed_{seed}" / "munkey").config
+        config = RunPaths(self.work / f"seed_{seed}" / "munkey").config
         if not config.exists():
             return
-        cfg = read_json(config)
-        want = {**resolve_profile(a.profile).dataset_recipe.get(a.dataset, {}), **self.munkey_over}
-        trained = {k: cfg.get("train", {}).get(k, cfg.get("model", {}).get(k)) for k in want}
-        if trained != want:
+        trained = recorded_settings(read_json(config), self.munkey_recipe)
+        if trained != self.munkey_recipe:
             raise MunkeyError(f"{config.parent} was trained with {trained}, not the recipe this command measures "
-                              f"({want}: the profile's for {a.dataset}, with --munkey-set); use another --work or "
-                              "delete that folder.")
+                              f"({self.munkey_recipe}: the profile's for {self.args.dataset}, with --munkey-set); use "
+                              "another --work or delete that folder.")
 
     def _originals(self, seed: int):
         """(MUNKEY run, ViT classifier run or None when no post-hoc method is asked for) of this seed,
