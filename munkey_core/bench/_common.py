@@ -101,3 +101,14 @@ def munkey_settings(profile: str, dataset: str, pairs: list[str]) -> dict[str, i
             raise MunkeyError(f"--munkey-set {name} must be {kind}; got {value!r}.") from None
     with_overrides(base, out)
     return out
+
+
+def settings_phrases(over: dict[str, int | float]) -> list[str]:
+    """['absent_skip_hardest 0.2', ...]: --munkey-set values as the tables and progress lines name them."""
+    return [f"{k} {v:g}" for k, v in sorted(over.items())]
+
+
+def settings_suffix(over: dict[str, int | float]) -> str:
+    """'_absent_skip_hardest0.2...': --munkey-set values in a cache folder name, so models of another recipe
+    are never reused ('' for the profile's own recipe)."""
+    return "".join(f"_{k}{v:g}" for k, v in sorted(over.items()))

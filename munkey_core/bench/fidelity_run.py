@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from munkey_core.bench._common import mean_sd, munkey_settings, write_tables
+from munkey_core.bench._common import mean_sd, munkey_settings, settings_phrases, settings_suffix, write_tables
 from munkey_core.bench.fidelity_merge import AUDITED, merged, read_rows, with_audited
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_json, read_json
@@ -142,7 +142,7 @@ class FidelityBench:
         # the recipe every MUNKEY run of this command has: the profile's for the dataset with --munkey-set on top
         self.munkey_recipe = {**profile.dataset_recipe.get(args.dataset, {}), **self.munkey_over}
         suffix = f"_late{self.inject_at}" if self.inject_at else ""  # never reuse paper-design models
-        suffix += "".join(f"_{k}{v:g}" for k, v in sorted(self.munkey_over.items()))  # nor the profile's recipe's
+        suffix += settings_suffix(self.munkey_over)  # nor the profile's recipe's
         self.work = Path(args.work) / f"{args.dataset.replace(':', '_').replace('/', '_')}_{args.profile}{suffix}"
         self.trained = 0  # models trained by this invocation (0 on a full resume)
         self.audited: dict[tuple[float, int], dict] = {}  # (rate, seed) -> seconds of the audited request
@@ -432,8 +432,8 @@ class FidelityBench:
         lines = [f"## {a.dataset}, profile {a.profile}: random forgetting, {len(self.seeds)} seed(s) "
                  f"({', '.join(map(str, self.seeds))})", "",
                  f"MUNKEY design: {self.design}."
-                 + "".join(f" MUNKEY {k} {v:g} (--munkey-set; the profile's otherwise)." for k, v in
-                           sorted(self.munkey_over.items()))
+                 + "".join(f" MUNKEY {p} (--munkey-set; the profile's otherwise)."
+                           for p in settings_phrases(self.munkey_over))
                  + ("" if self.methods else " MUNKEY and its M-oracle only (--methods ''): no plain ViT, T-oracle "
                                             "or post-hoc rows.")
                  + ("" if getattr(a, "vit_shift", None) is None else
@@ -596,7 +596,7 @@ class FidelityBench:
             print("--methods is empty: measuring MUNKEY and its M-oracle only (no plain ViT, T-oracle or post-hoc "
                   "rows, so no ViT is trained)")
         print(f"MUNKEY design: {self.design}"
-              + "".join(f", {k} {v:g} (--munkey-set)" for k, v in sorted(self.munkey_over.items()))
+              + "".join(f", {p} (--munkey-set)" for p in settings_phrases(self.munkey_over))
               + f"; models cached under {self.work}")
         read, read_audited = read_rows(self.merge_csv, self.rates) if self.merge_csv else ([], {})
         clash = sorted({r["seed"] for r in read} & set(self.seeds))

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from munkey_core.bench._common import munkey_settings, write_tables
+from munkey_core.bench._common import munkey_settings, settings_phrases, settings_suffix, write_tables
 from munkey_core.errors import MunkeyError
 from munkey_core.atomic import atomic_write_json, read_json
 
@@ -81,7 +81,7 @@ class UliraBench:
         so changing one family's options keeps the other's shadows."""
         a = self.args
         work = Path(a.work) / f"{a.dataset.replace(':', '_').replace('/', '_')}_{a.profile}_seed{seed}_t{a.targets}"
-        recipe = "".join(f"_{k}{v:g}" for k, v in sorted(self.munkey_over.items()))
+        recipe = settings_suffix(self.munkey_over)
         return {"munkey": work / f"munkey_e{a.epochs}{recipe}",
                 "vit": work / f"vit_e{a.vit_epochs}_shift{a.vit_shift:g}"}
 
@@ -280,7 +280,7 @@ class UliraBench:
         by_draw = len(self.seeds) > 1
         lines = [f"## Per-example unlearning attack (U-LiRA style): {a.dataset}, profile {a.profile}", "",
                  f"MUNKEY shadows: the profile's recipe, {a.epochs} epochs"
-                 + "".join(f", {k} {v:g} (--munkey-set)" for k, v in sorted(self.munkey_over.items()))
+                 + "".join(f", {p} (--munkey-set)" for p in settings_phrases(self.munkey_over))
                  + ". Plain ViT shadows: the same backbone and "
                  f"recipe, {a.vit_epochs} epochs, random shift {a.vit_shift:g} (trained to memorise, so the post-hoc "
                  "methods have something to forget).", "",
