@@ -23,6 +23,8 @@ TA, FA and MIA (a systematic offset, such as deleted images still recognised bet
 every split, where retraining noise has both). `--offsets 0,1000` keeps training seeds S + offset only;
 `--attack strong` reads strong.jsonl (written by `strong`) instead: the same table with the strong attack.
 `--also DIR` pools another folder's lines with $SEEDVAR_DIR's (e.g. a second draw of training seeds).
+`--oracle-set KEY=VALUE` compares each recipe's runs with M-oracles trained with that change on top (e.g.
+`epochs=89`: as many optimiser steps as the run, which saw the forget set too), and with no other oracles.
 
 `train --set KEY=VALUE` changes the recipe (any ModelConfig/TrainConfig field, repeatable), so a
 candidate recipe is trained for a run and its oracles alike; `strong` trains its references with the
@@ -257,13 +259,23 @@ def gap_table(args: argparse.Namespace) -> None:
     name = "strong.jsonl" if args.attack == "strong" else "results.jsonl"
     lines = [(folder, line) for folder in (ROOT, *args.also) for line in (Path(folder) / name).read_text().splitlines()]
     source: dict[tuple, str | Path] = {}  # model -> the folder its line came from
+    oracle_set = effective_recipe({"recipe": parse_set(args.oracle_set)})  # {} without --oracle-set
+    if oracle_set:
+        print(f"M-oracles: the runs' recipe with {', '.join(f'{k} {v}' for k, v in sorted(oracle_set.items()))} "
+              f"(--oracle-set); runs and oracles trained otherwise are left out")
     for folder, line in lines:
         r = json.loads(line)
         if r["exclude"] not in ("none", "forget"):
             continue
         if args.offsets and r["train_seed"] - r["split_seed"] not in args.offsets:
             continue  # a comparison on the same training seeds: only S + offset on split S
-        recipe = json.dumps(effective_recipe(r), sort_keys=True)  # the recipe, whatever the names say
+        own = effective_recipe(r)  # the recipe, whatever the names say
+        if oracle_set:  # runs of recipe R against oracles of R with the --oracle-set changes: both filed under R
+            changed = {k: own[k] for k in oracle_set if k in own}
+            if changed != (oracle_set if r["exclude"] == "forget" else {}):
+                continue
+            own = {k: v for k, v in own.items() if k not in oracle_set}
+        recipe = json.dumps(own, sort_keys=True)
         cell = (r.get("dataset", "digits"), r.get("rate", RATE), r["split_seed"], recipe)
         g = groups.setdefault(cell, {"runs": {}, "oracles": {}})
         model = (*cell, r["exclude"], r["train_seed"])
@@ -366,6 +378,9 @@ def main() -> None:
     gp.add_argument("--also", action="append", default=[], metavar="DIR",
                     help="pool the lines of this folder too (repeatable), e.g. a second draw of training seeds")
     gp.add_argument("--markdown", action="store_true", help="also print one markdown table per dataset, rate and recipe")
+    gp.add_argument("--oracle-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="compare each recipe's runs with M-oracles trained with this change on top (repeatable), e.g. "
+                         "epochs=89: as many training steps as a run that saw the 10%% forget set for 80 epochs")
     args = ap.parse_args()
     ROOT.mkdir(parents=True, exist_ok=True)
     {"train": train, "compare": compare, "strong": strong, "gaps": gap_table}[args.cmd](args)
