@@ -24,7 +24,7 @@ every split, where retraining noise has both). `--offsets 0,1000` keeps training
 `--attack strong` reads strong.jsonl (written by `strong`) instead: the same table with the strong attack.
 `--also DIR` pools another folder's lines with $SEEDVAR_DIR's (e.g. a second draw of training seeds).
 `--oracle-set KEY=VALUE` compares each recipe's runs with M-oracles trained with that change on top (e.g.
-`epochs=89`: as many optimiser steps as the run, which saw the forget set too), and with no other oracles.
+`epochs=89`: as many training images seen as the run, which saw the forget set too), and no other oracles.
 
 `train --set KEY=VALUE` changes the recipe (any ModelConfig/TrainConfig field, repeatable), so a
 candidate recipe is trained for a run and its oracles alike; `strong` trains its references with the
@@ -104,7 +104,7 @@ def excluded_ids(split_seed: int, exclude: str, rate: float = RATE, dataset: str
     raise SystemExit(f"--exclude: none, forget or randN, not {exclude!r}")
 
 
-def parse_set(pairs: list[str]) -> dict:
+def parse_set(pairs: list[str], option: str = "--set") -> dict:
     """{'augment_shift': 0.3, ...} from ['augment_shift=0.3', ...]: changes to the cpu profile's digits recipe."""
     from munkey_core.config import ModelConfig, TrainConfig
     known = {f for cls in (ModelConfig, TrainConfig) for f in cls.__dataclass_fields__}
@@ -112,9 +112,12 @@ def parse_set(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or key not in known or key in ("seed", "split_seed"):
-            raise SystemExit(f"--set {pair!r}: give KEY=VALUE with KEY a ModelConfig/TrainConfig field "
+            raise SystemExit(f"{option} {pair!r}: give KEY=VALUE with KEY a ModelConfig/TrainConfig field "
                              "(the seeds have their own options)")
-        out[key] = json.loads(value)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            raise SystemExit(f"{option} {pair!r}: VALUE must be a number (or JSON)") from None
     return out
 
 
@@ -259,7 +262,7 @@ def gap_table(args: argparse.Namespace) -> None:
     name = "strong.jsonl" if args.attack == "strong" else "results.jsonl"
     lines = [(folder, line) for folder in (ROOT, *args.also) for line in (Path(folder) / name).read_text().splitlines()]
     source: dict[tuple, str | Path] = {}  # model -> the folder its line came from
-    oracle_set = effective_recipe({"recipe": parse_set(args.oracle_set)})  # {} without --oracle-set
+    oracle_set = effective_recipe({"recipe": parse_set(args.oracle_set, "--oracle-set")})  # {} without --oracle-set
     if oracle_set:
         print(f"M-oracles: the runs' recipe with {', '.join(f'{k} {v}' for k, v in sorted(oracle_set.items()))} "
               f"(--oracle-set); runs and oracles trained otherwise are left out")
@@ -380,7 +383,7 @@ def main() -> None:
     gp.add_argument("--markdown", action="store_true", help="also print one markdown table per dataset, rate and recipe")
     gp.add_argument("--oracle-set", action="append", default=[], metavar="KEY=VALUE",
                     help="compare each recipe's runs with M-oracles trained with this change on top (repeatable), e.g. "
-                         "epochs=89: as many training steps as a run that saw the 10%% forget set for 80 epochs")
+                         "epochs=89: as many images seen as a run that saw the 10%% forget set for 80 epochs")
     args = ap.parse_args()
     ROOT.mkdir(parents=True, exist_ok=True)
     {"train": train, "compare": compare, "strong": strong, "gaps": gap_table}[args.cmd](args)

@@ -65,3 +65,32 @@ def test_oracle_set_pairs_the_runs_with_the_step_matched_oracles_only() -> None:
         assert any(pooled[epochs][2] in x for x in text.splitlines() if "run - oracle, signed" in x), epochs
     assert pooled[80][:2] != pooled[89][:2]  # the two tables use different oracles
     assert "epochs 89 (--oracle-set)" in (FOLDER / "gaps_cheap_oracle89.txt").read_text()
+
+
+def test_the_random_90_percent_control_in_the_docs_is_what_the_lines_say() -> None:
+    """forgetting_at_defaults.md's reading (the undeleted run against a model of another random 90%, per split:
+    the lines with exclude randN) recomputed from the committed lines."""
+    undeleted, rand = {}, {}
+    for line in (FOLDER / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["exclude"] == "none":
+            undeleted[r["split_seed"]] = r["as_trained"]["TA"]
+        elif r["exclude"].startswith("rand"):
+            rand[r["split_seed"]] = r["as_trained"]["TA"]
+    assert sorted(rand) == sorted(undeleted) == list(range(5))
+    diff = [undeleted[s] - rand[s] for s in range(5)]
+    se = np.std(diff, ddof=1) / np.sqrt(len(diff))
+    doc = (ROOT / "docs" / "results" / "forgetting_at_defaults.md").read_text()
+    assert f"undeleted run is **{-np.mean(diff):.2f} points below it**" in doc
+    assert f"(standard error {se:.2f}; lower on {sum(d < 0 for d in diff)} of 5 splits)" in doc
+    for s in range(5):
+        assert f"| {s} | {undeleted[s]:.2f} / " in doc and f" | {rand[s]:.2f} | {diff[s]:+.2f} |" in doc
+
+
+def test_bad_oracle_set_is_refused_with_a_message() -> None:
+    env = {**os.environ, "SEEDVAR_DIR": str(FOLDER)}
+    for bad, says in (("nope=1", "ModelConfig/TrainConfig field"), ("epochs=x", "must be a number")):
+        out = subprocess.run([sys.executable, "scripts/fidelity_seed_variance.py", "gaps", "--oracle-set", bad],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode != 0 and f"--oracle-set {bad!r}" in out.stderr and says in out.stderr
+        assert "Traceback" not in out.stderr
