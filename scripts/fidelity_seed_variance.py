@@ -24,7 +24,8 @@ every split, where retraining noise has both). `--offsets 0,1000` keeps training
 `--attack strong` reads strong.jsonl (written by `strong`) instead: the same table with the strong attack.
 `--also DIR` pools another folder's lines with $SEEDVAR_DIR's (e.g. a second draw of training seeds).
 `--oracle-set KEY=VALUE` compares each recipe's runs with M-oracles trained with that change on top (e.g.
-`epochs=89`: as many training images seen as the run, which saw the forget set too), and no other oracles.
+`epochs=89`: as many training images seen as the run, which saw the forget set too), and no other oracles;
+a value equal to the profile's base is refused (the grouping reads it as no change).
 
 `train --set KEY=VALUE` changes the recipe (any ModelConfig/TrainConfig field, repeatable), so a
 candidate recipe is trained for a run and its oracles alike; `strong` trains its references with the
@@ -262,7 +263,13 @@ def gap_table(args: argparse.Namespace) -> None:
     name = "strong.jsonl" if args.attack == "strong" else "results.jsonl"
     lines = [(folder, line) for folder in (ROOT, *args.also) for line in (Path(folder) / name).read_text().splitlines()]
     source: dict[tuple, str | Path] = {}  # model -> the folder its line came from
-    oracle_set = effective_recipe({"recipe": parse_set(args.oracle_set, "--oracle-set")})  # {} without --oracle-set
+    asked = parse_set(args.oracle_set, "--oracle-set")
+    oracle_set = effective_recipe({"recipe": asked})  # {} without --oracle-set
+    if unchanged := sorted(set(asked) - set(oracle_set)):  # grouping drops a profile base value: it would change nothing
+        raise SystemExit(f"--oracle-set {', '.join(repr(p) for p in args.oracle_set if p.partition('=')[0] in unchanged)}: "
+                         "the cpu profile's base value, "
+                         "which the grouping treats as no change; the usual table (no --oracle-set) compares runs with "
+                         "oracles of that value, or name another value")
     if oracle_set:
         print(f"M-oracles: the runs' recipe with {', '.join(f'{k} {v}' for k, v in sorted(oracle_set.items()))} "
               f"(--oracle-set); runs and oracles trained otherwise are left out")

@@ -89,7 +89,8 @@ def test_the_random_90_percent_control_in_the_docs_is_what_the_lines_say() -> No
 
 def test_bad_oracle_set_is_refused_with_a_message() -> None:
     env = {**os.environ, "SEEDVAR_DIR": str(FOLDER)}
-    for bad, says in (("nope=1", "ModelConfig/TrainConfig field"), ("epochs=x", "must be a number")):
+    for bad, says in (("nope=1", "ModelConfig/TrainConfig field"), ("epochs=x", "must be a number"),
+                      ("epochs=80", "base value")):  # the profile's own epochs: would quietly give the usual table
         out = subprocess.run([sys.executable, "scripts/fidelity_seed_variance.py", "gaps", "--oracle-set", bad],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode != 0 and f"--oracle-set {bad!r}" in out.stderr and says in out.stderr
