@@ -197,8 +197,8 @@ def decoded_uploads(files) -> list[tuple[str, object]]:
 
 
 def fmt(value, digits: int = 2, suffix: str = "") -> str:
-    """A number for display; em dash for None or NaN (never "nan" or "None" on a page)."""
-    if value is None or (isinstance(value, float) and value != value):
+    """A number for display; em dash for None, NaN or infinity of any float type (never "nan" or "None" on a page)."""
+    if value is None or value != value or value in (float("inf"), float("-inf")):
         return "—"
     return f"{value:.{digits}f}{suffix}"
 

@@ -49,7 +49,23 @@ def show_verdicts(assessment: dict | None) -> None:
     st.dataframe(pd.DataFrame([{
         "measure": v["metric"], "value": fmt(v["value"], 1, " %"), "target": fmt(v["target"], 1, " %") + " " + v["target_label"],
         "95 % interval": "—" if not v["interval"] else f"{v['interval'][0]:.1f}-{v['interval'][1]:.1f} %",
+        "samples still held read": fmt(v.get("remembered"), 1, " %"),
         "samples": fmt(v["n"], 0), "verdict": v["verdict"]} for v in assessment["verdicts"]]), hide_index=True)
+    st.caption("\"Samples still held read\": the same measure on training samples the model still holds, of the "
+               "same classes: what a sample it still remembered would read. \"Forgotten\" needs an interval that "
+               "holds the target and leaves that out; where it holds both, the page says it cannot tell.")
+
+
+def show_same_class(same: dict | None) -> None:
+    """This request's samples against unseen test samples of their classes, and what that does not show."""
+    if not same or same.get("TA_same_classes") is None:
+        return
+    interval = same.get("difference_interval")
+    st.write(f"This request's samples after the deletion, against unseen test samples of the same classes "
+             f"({fmt(same['TA_same_classes'])} %): FA minus that {fmt(same.get('FA_minus_TA_same_classes'))} points"
+             + (f" (95 % interval {interval[0]:+.2f} to {interval[1]:+.2f})" if interval else "")
+             + f"; membership attack TPR at 1 % / 0.1 % FPR {fmt(same.get('TPR@1%'))} / {fmt(same.get('TPR@0.1%'))} %.")
+    st.caption(same.get("same_class_note") or "")
 
 
 def show_summary(summary: dict) -> None:
@@ -65,6 +81,7 @@ def show_summary(summary: dict) -> None:
         table[col] = [fmt(v, 3 if m == "Ps" else 2) for v, m in zip(table[col], table["metric"])]
     table.loc[table["metric"] == "MIA", "before"] = "not defined before a deletion"
     show_verdicts(summary.get("assessment"))
+    show_same_class(summary.get("same_class"))
     st.dataframe(table, hide_index=True)
     fa_req = summary.get("FA_this_request_after")
     st.caption(

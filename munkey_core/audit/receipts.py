@@ -389,6 +389,9 @@ def render_html(receipt: dict) -> str:
             ("MIA TPR at 1% / 0.1% FPR", None if ev.get("TPR@1%") is None else
              f"{ev['TPR@1%']:.2f} / {ev.get('TPR@0.1%'):.2f}"),
             ("MIA attack", ev.get("MIA_attack")),
+            *([("Training samples still held, same classes: accuracy / MIA AUC (what remembered samples read)",
+                f"{ev['FA_remembered']:.2f} / {ev['MIA_remembered']:.2f}")]
+              if ev.get("FA_remembered") is not None and ev.get("MIA_remembered") is not None else []),
             ("Gaps to a retrained oracle", ev.get("oracle_gaps")),
         ], ("measure", "value"))
         notes = [ev.get("same_class_note") or "", ev.get("oracle_note") or ""]

@@ -8,6 +8,8 @@
   next to the accuracy on *unseen test samples of the same classes* (weighted to the request's
   class mix, `same_class_comparison`) and what that comparison does and does not show
   (`SAME_CLASS_NOTE`): its receipt's evidence.
+- `remembered_reference` (in both evaluations): the same FA and MIA on training samples the model still
+  holds, of the deleted samples' classes: what "still remembered" reads, the verdicts' positive control.
 FA and MIA are computed by one function (`_forget_accuracy_and_mia`) in all three.
 Each set is a seeded subsample of at most `max_samples` (0 = all); the retain and forget samples are
 the first rows of one seeded permutation, so a deletion changes them only by the rows it moves.
@@ -25,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from munkey_core.eval.metrics import (MIA_CHEAP, accuracy, class_weights, cross_entropy, mia_auc, mia_tprs,
+from munkey_core.eval.metrics import (MIA_CHEAP, accuracy, auc, class_weights, cross_entropy, mia_auc, mia_tprs,
                                      pathway_sensitivity)
 from munkey_core.eval.verdicts import effective_count, proportion_difference_interval
 from munkey_core.run.loaded import LoadedMunkeyRun
@@ -77,6 +79,42 @@ def _forget_accuracy_and_mia(run: LoadedMunkeyRun, rows: np.ndarray, test_probs:
     return accuracy(pred, fy), mia_auc(f_loss, fy, t_loss, test_labels), parts
 
 
+def remembered_reference(retain_probs: np.ndarray, retain_labels: np.ndarray, test_probs: np.ndarray,
+                         test_labels: np.ndarray, forget_labels: np.ndarray) -> dict:
+    """What the model gives now on training samples it still holds, of the deleted samples' classes and
+    weighted to their class mix: accuracy (FA_remembered) and the cheap attack's AUC against the test
+    samples (MIA_remembered), both in percent, and how many retained samples they rest on.
+
+    The forgetting verdicts' positive control (eval/verdicts.py): a deleted sample the model still
+    remembered would read like these, so "forgotten" needs an interval that leaves them out; where it
+    holds them, the numbers cannot tell forgotten from remembered. Probabilities (N, C); labels (N,).
+    None where no class of the deleted samples has a retained and a test sample."""
+    r_loss, t_loss = cross_entropy(retain_probs, retain_labels), cross_entropy(test_probs, test_labels)
+    r_ok = retain_probs.argmax(axis=1) == retain_labels
+    total, acc, mia, used = 0, 0.0, 0.0, 0
+    for c, n in zip(*np.unique(forget_labels, return_counts=True)):
+        r, t = retain_labels == c, test_labels == c
+        if r.any() and t.any():  # each class weighted by its count among the deleted samples, as mia_auc does
+            acc, mia = acc + n * r_ok[r].mean(), mia + n * auc(-r_loss[r], -t_loss[t])
+            total, used = total + n, used + int(r.sum())
+    if total == 0:
+        return {"FA_remembered": None, "MIA_remembered": None, "n_remembered": 0}
+    return {"FA_remembered": 100.0 * acc / total, "MIA_remembered": 100.0 * mia / total, "n_remembered": used}
+
+
+def _eval_rows(run: LoadedMunkeyRun, max_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Test, retain and forget rows of an evaluation (each at most `max_samples`): the test rows a
+    seeded subsample, retain and forget rows the first ones in one seeded permutation (`_first_in_order`),
+    so every evaluation of one bank state predicts the same rows and the cache serves them."""
+    ds = run.dataset
+    rng = np.random.default_rng(seed)
+    test_idx = _subsample(np.arange(len(ds.test)), max_samples, rng)
+    order = rng.permutation(len(ds.train))
+    retain_idx = _first_in_order(np.isin(ds.train.ids, run.bank.ids), max_samples, order)
+    forget_idx = _first_in_order(np.isin(ds.train.ids, run.forgotten_ids), max_samples, order)
+    return test_idx, retain_idx, forget_idx
+
+
 def evaluate(run: LoadedMunkeyRun, *, max_samples: int = 2000, seed: int = 0, record: bool = True,
              progress: Progress | None = None) -> dict:
     """TA, RA, FA (percent), cheap MIA AUC (percent), Ps; FA and MIA are None when nothing is deleted.
@@ -88,13 +126,7 @@ def evaluate(run: LoadedMunkeyRun, *, max_samples: int = 2000, seed: int = 0, re
     a from-scratch evaluation of the same bank (tests/eval/test_incremental.py)."""
     ds = run.dataset
     report = progress or (lambda stage, frac: None)
-    rng = np.random.default_rng(seed)
-    in_bank = np.isin(ds.train.ids, run.bank.ids)
-    forgotten = np.isin(ds.train.ids, run.forgotten_ids)
-    test_idx = _subsample(np.arange(len(ds.test)), max_samples, rng)
-    order = rng.permutation(len(ds.train))  # retain and forget rows: the first ones in this order
-    retain_idx = _first_in_order(in_bank, max_samples, order)
-    forget_idx = _first_in_order(forgotten, max_samples, order)
+    test_idx, retain_idx, forget_idx = _eval_rows(run, max_samples, seed)
     report("test", 0.0)
     test_y = ds.test.labels[test_idx]
     both = run.predict_rows("test", test_idx)
@@ -114,6 +146,8 @@ def evaluate(run: LoadedMunkeyRun, *, max_samples: int = 2000, seed: int = 0, re
     if len(forget_idx):
         report("forget", 0.85)
         result["FA"], result["MIA"], _ = _forget_accuracy_and_mia(run, forget_idx, both, test_y)
+        result.update(remembered_reference(ret, ds.train.labels[retain_idx], both, test_y,
+                                           ds.train.labels[forget_idx]))
     report("done", 1.0)
     if record:
         run.append_metrics({"time": utc_now(), **result})
@@ -134,14 +168,16 @@ def request_accuracy_and_mia(run: LoadedMunkeyRun, ids: Sequence[int], max_sampl
     comparison (`same_class_comparison`)."""
     ds = run.dataset
     idx = _train_rows(run, ids)
-    test_idx = _subsample(np.arange(len(ds.test)), max_samples, np.random.default_rng(0))
+    test_idx, retain_idx, _ = _eval_rows(run, max_samples, 0)  # evaluate's rows: their predictions are cached
     if len(idx) == 0:
         return {"FA": None, "MIA": None, "MIA_attack": MIA_CHEAP, "n": 0, "n_test": int(len(test_idx))}
     test = run.predict_rows("test", test_idx)
     ty = ds.test.labels[test_idx]
     fa, mia, p = _forget_accuracy_and_mia(run, idx, test, ty)
+    held = remembered_reference(run.predict_rows("train", retain_idx), ds.train.labels[retain_idx], test, ty,
+                                p["labels"])
     return {"FA": fa, "MIA": mia, **mia_tprs(-p["forget_loss"], p["labels"], -p["test_loss"], ty),
-            "MIA_attack": MIA_CHEAP, "n": int(len(idx)), "n_test": int(len(test_idx)),
+            "MIA_attack": MIA_CHEAP, "n": int(len(idx)), "n_test": int(len(test_idx)), **held,
             **same_class_comparison(p["pred"] == p["labels"], p["labels"], test.argmax(axis=1) == ty, ty)}
 
 

@@ -5,10 +5,14 @@ also score ~100 %, and alarming when they score 60 %. `verdict` puts a measured 
 target (what a model that never saw the data gives) and a 95 % interval from the sample counts, and
 says one of three words:
 
-- "forgotten": the interval holds the target (or the value is on the forgotten side of it), and
-  the interval is narrow enough (half-width <= `tolerance`) to mean something;
+- "forgotten": the interval holds the target (or the value is on the forgotten side of it), it is
+  narrow enough (half-width <= `tolerance`) to mean something, and it leaves out what a remembered
+  sample reads (`remembered`: the same measure on training samples the model still holds, of the same
+  classes; evaluate.remembered_reference), so the measure could have told a remembered sample apart;
 - "not yet": the whole interval is on the remembered side of the target;
-- "cannot tell": nothing measured, or too few samples for the interval to decide.
+- "cannot tell": nothing measured, too few samples for the interval to decide, or an interval that holds
+  the target and the remembered value alike (a request of 30 images at FA 100 % against unseen samples at
+  92 % fits both), or, for FA and MIA, no remembered value to check that against.
 
 Targets: FA against the accuracy on unseen (test) samples of the same classes (`class_matched_accuracy`)
 or an oracle's FA; MIA (AUC %) against 50 (indistinguishable from unseen data); Af against the
@@ -115,16 +119,21 @@ def proportion_difference_interval(value: float, n: int, target: float, target_n
 
 def verdict(metric: str, value: float | None, target: float | None, *, n: int | None = None,
             n_ref: int | None = None, target_label: str = "", tolerance: float | None = None,
-            target_n: float | None = None) -> dict:
+            target_n: float | None = None, remembered: float | None = None, needs_remembered: bool = False) -> dict:
     """One forgetting number against its target. metric: "FA" or "Af" (accuracy %, n samples) or "MIA"
     (AUC %, n forget vs n_ref unseen samples; target 50). `target_n`: for an accuracy whose target was
     measured on samples (FA against unseen samples of the same classes: `class_matched_n`), their
     effective count; the interval then carries the target's uncertainty too (`difference_interval`).
-    Returns a JSON-ready dict: metric, value, target, target_label, interval, n, verdict, reason."""
+    `remembered`: what the measure reads on samples the model still holds (the positive control); an
+    interval holding it as well as the target gives "cannot tell", and so does its absence when
+    `needs_remembered`. Returns a JSON-ready dict: metric, value, target, target_label, interval, n,
+    remembered, verdict, reason."""
     tol = TOLERANCE.get(metric, 15.0) if tolerance is None else tolerance
     out = {"metric": metric, "value": float(value) if finite_number(value) else None,
            "target": float(target) if finite_number(target) else None, "target_label": target_label,
-           "interval": None, "n": int(n) if n is not None else None, "verdict": CANNOT_TELL, "reason": ""}
+           "interval": None, "n": int(n) if n is not None else None,
+           "remembered": float(remembered) if finite_number(remembered) else None, "verdict": CANNOT_TELL,
+           "reason": ""}
     if not finite_number(value):
         out["reason"] = f"{metric} was not measured (nothing deleted yet, or no samples to measure it on)."
         return out
@@ -155,9 +164,18 @@ def verdict(metric: str, value: float | None, target: float | None, *, n: int | 
         out["reason"] = f"{what}: still above the target, so the model still remembers these samples."
     elif (hi - lo) / 2 > tol and hi >= t:
         out["reason"] = f"{what}: too few samples to tell (the interval is wider than ±{tol:.0f} points)."
+    elif out["remembered"] is not None and lo <= out["remembered"] <= hi:
+        out["reason"] = (f"{what}: the interval also holds {out['remembered']:.1f} %, what training samples the "
+                         "model still holds read: these numbers fit samples still remembered as well as forgotten "
+                         "ones (more deleted samples narrow the interval; a retrained oracle tells more).")
+    elif out["remembered"] is None and needs_remembered:
+        out["reason"] = (f"{what}: no reading of training samples the model still holds, so nothing shows this "
+                         "measure could tell a remembered sample apart (evaluate again: `munkey evaluate RUN`).")
     else:
         out["verdict"] = FORGOTTEN
-        out["reason"] = (f"{what}: at or below the target, as if never trained on."
+        clear = ("" if out["remembered"] is None else
+                 f", and clear of the {out['remembered']:.1f} % that samples the model still holds read")
+        out["reason"] = (f"{what}: at or below the target{clear}: like unseen samples on average."
                          if hi >= t else f"{what}: below the target: not recognised better than unseen samples (these may "
                          "simply be harder than average; only a retrained model shows whether more was forgotten "
                          "than needed).")
@@ -166,13 +184,15 @@ def verdict(metric: str, value: float | None, target: float | None, *, n: int | 
 
 def forgetting_verdicts(after: dict, *, fa_target: float | None, fa_target_label: str,
                         n_ref: int | None = None, fa_target_n: float | None = None) -> list[dict]:
-    """Verdicts for an evaluation's FA and MIA (the `evaluate` dict: FA, MIA, n_forget, n_test).
+    """Verdicts for an evaluation's FA and MIA (the `evaluate` dict: FA, MIA, n_forget, n_test, and
+    FA_remembered / MIA_remembered, evaluate.remembered_reference: without them neither says "forgotten").
     `fa_target_n`: the effective count of the samples `fa_target` was measured on (`class_matched_n`)."""
     n_forget = after.get("n_forget")
     return [verdict("FA", after.get("FA"), fa_target, n=n_forget, target_label=fa_target_label,
-                    target_n=fa_target_n),
+                    target_n=fa_target_n, remembered=after.get("FA_remembered"), needs_remembered=True),
             verdict("MIA", after.get("MIA"), 50.0, n=n_forget, n_ref=n_ref or after.get("n_test"),
-                    target_label="(50 = indistinguishable from unseen data)")]
+                    target_label="(50 = indistinguishable from unseen data)",
+                    remembered=after.get("MIA_remembered"), needs_remembered=True)]
 
 
 def overall(verdicts: Sequence[dict]) -> str:

@@ -65,7 +65,7 @@ CRASH_STEPS = ("validated", "journal", "forgotten", "checkpoint", "checkpoints",
 MAX_ID = 2 ** 63 - 1  # ids are int64
 REFUSAL_IDS_KEPT = 100  # ids a refusal's log entry lists (with the count and a hash of all)
 _METRIC_KEYS = ("TA", "RA", "FA", "MIA", "Ps", "A_img", "A_tok", "n_test", "n_retain", "n_forget", "bank_size",
-                "deleted", "time", "MIA_attack", "bank_fingerprint")
+                "deleted", "time", "MIA_attack", "bank_fingerprint", "FA_remembered", "MIA_remembered", "n_remembered")
 
 
 @dataclass(frozen=True)
@@ -445,7 +445,8 @@ def _measure_after(run: LoadedMunkeyRun, journal: dict, keys, report: Progress, 
                "request_MIA": req.get("MIA"), "MIA_attack": MIA_CHEAP, "oracle": None, "oracle_gaps": None,
                "oracle_note": ORACLE_NOTE,
                **{k: req.get(k) for k in ("TPR@1%", "TPR@0.1%", "TA_same_classes", "FA_minus_TA_same_classes",
-                                          "difference_se", "difference_interval", "same_class_note")}})
+                                          "difference_se", "difference_interval", "same_class_note",
+                                          "FA_remembered", "MIA_remembered", "n_remembered")}})
     notes = [n for n in [journal.get("samples_note")] if n]
     if recovered:
         notes.append("finished when the run was next opened, after the process filing it was interrupted")

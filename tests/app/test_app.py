@@ -158,6 +158,13 @@ def test_operator_deletes_and_sees_metrics(tiny_run: Path, monkeypatch: pytest.M
     verdicts = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
     assert list(verdicts["measure"]) == ["FA", "MIA"]
     assert set(verdicts["verdict"]) <= {"forgotten", "not yet", "cannot tell"}
+    assert all(v.endswith(" %") for v in verdicts["samples still held read"])  # the positive control, shown
+    summary = at.session_state["deletion_summary"]
+    held = [v["remembered"] for v in summary["assessment"]["verdicts"]]
+    assert list(verdicts["samples still held read"]) == [f"{h:.1f} %" for h in held]
+    same = summary["same_class"]  # this request against unseen samples of its classes, and the note saying what
+    shown = _texts(at)  # that does not show
+    assert f"({same['TA_same_classes']:.2f} %)" in shown and same["same_class_note"][:60] in shown
     assert table.loc[table["metric"] == "MIA", "before"].item() == "not defined before a deletion"
     assert not at.checkbox(key="confirm").value  # unticked after the request
     assert list(table["metric"]) == ["TA", "RA", "FA", "MIA", "Ps"]

@@ -62,8 +62,11 @@ def test_a_request_with_evaluation_measures_what_a_fresh_evaluation_measures(tin
     res = run.forget(run.bank.ids[5:15].tolist(), operator="tester", evaluate=True, max_samples=0)
     after = res.entry["metrics"]["after"]
     fresh = MunkeyRun(tiny_run, device="cpu").evaluate(max_samples=0, record=False)
-    for name in ("TA", "RA", "FA", "MIA", "Ps", "n_forget", "bank_size", "bank_fingerprint"):
+    for name in ("TA", "RA", "FA", "MIA", "Ps", "n_forget", "bank_size", "bank_fingerprint", "FA_remembered",
+                 "MIA_remembered", "n_remembered"):
         assert after[name] == pytest.approx(fresh[name], abs=1e-9), name
+    ev = res.entry["evidence"]  # the request's own positive control, on the same held samples' predictions
+    assert ev["n_remembered"] > 0 and 0 <= ev["FA_remembered"] <= 100 and 0 <= ev["MIA_remembered"] <= 100
 
 
 def test_the_cache_never_serves_a_prediction_of_an_older_bank(tiny_run: Path) -> None:

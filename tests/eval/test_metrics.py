@@ -143,3 +143,27 @@ def test_mia_tprs_are_class_balanced() -> None:
     # reweighted, the test set has the forget set's class mix: at 1% FPR about 1% of the forget samples
     assert set(tprs) == {"TPR@1%", "TPR@0.1%"} and tprs["TPR@1%"] < 5
     assert mia_tprs(f_s, np.full(200, 5), t_s, t_y) == {"TPR@1%": None, "TPR@0.1%": None}
+
+
+def test_remembered_reference_weights_each_class_by_the_deleted_samples_and_matches_sklearn() -> None:
+    """The verdicts' positive control: accuracy and loss-attack AUC on samples still held, per class of
+    the deleted samples, weighted by their counts; a class with no held sample drops out. Computed here with
+    scikit-learn's roc_auc_score per class and a weighted mean written out by hand."""
+    from sklearn.metrics import roc_auc_score
+
+    from munkey_core.eval.evaluate import remembered_reference
+
+    rng = np.random.default_rng(3)
+    r_y, t_y = rng.integers(0, 3, size=300), rng.integers(0, 4, size=200)  # held: classes 0-2; test: 0-3
+    r_p, t_p = rng.dirichlet(np.ones(4) * 0.5, size=300), rng.dirichlet(np.ones(4), size=200)
+    f_y = np.array([0] * 6 + [2] * 2 + [3] * 5)  # class 3: no held sample, left out
+    got = remembered_reference(r_p, r_y, t_p, t_y, f_y)
+    r_loss, t_loss = -np.log(r_p[np.arange(300), r_y]), -np.log(t_p[np.arange(200), t_y])
+    acc = {c: np.mean(r_p[r_y == c].argmax(1) == c) for c in (0, 2)}
+    roc = {c: roc_auc_score(np.r_[np.ones((r_y == c).sum()), np.zeros((t_y == c).sum())],
+                            -np.r_[r_loss[r_y == c], t_loss[t_y == c]]) for c in (0, 2)}
+    assert got["FA_remembered"] == pytest.approx(100 * (6 * acc[0] + 2 * acc[2]) / 8)
+    assert got["MIA_remembered"] == pytest.approx(100 * (6 * roc[0] + 2 * roc[2]) / 8)
+    assert got["n_remembered"] == (r_y == 0).sum() + (r_y == 2).sum()
+    none = remembered_reference(r_p, r_y, t_p, t_y, np.array([3, 3]))
+    assert none == {"FA_remembered": None, "MIA_remembered": None, "n_remembered": 0}

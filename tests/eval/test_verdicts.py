@@ -115,3 +115,39 @@ def test_difference_interval_matches_newcombes_worked_examples() -> None:
     assert lo == pytest.approx(17.05, abs=0.01) and hi == pytest.approx(80.90, abs=0.01)
     # the interval of the value itself stays inside 0-100
     assert V.difference_interval(90.0, 10, 30.0, 10) == pytest.approx((47.05, 100.0), abs=0.01)
+
+
+def test_forgotten_needs_an_interval_that_leaves_out_what_remembered_samples_read() -> None:
+    """The positive control: a verdict may say "forgotten" only where the measure could have told a
+    remembered sample apart. A small request the model still knows fully (FA 100 % on 30 images, unseen
+    samples of those classes at 92 %, samples still held at 99.5 %) fits both readings: cannot tell."""
+    still_known = V.verdict("FA", 100.0, 92.0, n=30, target_n=359, remembered=99.5)
+    assert still_known["verdict"] == V.CANNOT_TELL and "99.5 %" in still_known["reason"]
+    assert V.verdict("FA", 100.0, 92.0, n=30, target_n=359)["verdict"] == V.FORGOTTEN  # what it said before
+    gone = V.verdict("FA", 90.5, 92.0, n=126, target_n=359, remembered=99.5)
+    assert gone["verdict"] == V.FORGOTTEN and gone["remembered"] == 99.5
+    # MIA: 25 deleted images at AUC 60 against 359 unseen: the interval holds 50 and an undeleted 62 alike
+    assert V.verdict("MIA", 60.0, 50.0, n=25, n_ref=359, remembered=62.0)["verdict"] == V.CANNOT_TELL
+    assert V.verdict("MIA", 51.0, 50.0, n=400, n_ref=359, remembered=62.0)["verdict"] == V.FORGOTTEN
+    # FA and MIA from an evaluation without the remembered reading (an older metrics entry): never "forgotten"
+    old = V.forgetting_verdicts({"FA": 90.5, "MIA": 51.0, "n_forget": 400, "n_test": 359}, fa_target=92.0,
+                                fa_target_label="(unseen)", fa_target_n=359)
+    assert [v["verdict"] for v in old] == [V.CANNOT_TELL] * 2 and "munkey evaluate" in old[0]["reason"]
+    new = V.forgetting_verdicts({"FA": 90.5, "MIA": 51.0, "n_forget": 400, "n_test": 359, "FA_remembered": 99.5,
+                                 "MIA_remembered": 62.0}, fa_target=92.0, fa_target_label="(unseen)", fa_target_n=359)
+    assert V.overall(new) == V.FORGOTTEN
+
+
+def test_samples_still_remembered_are_rarely_called_forgotten() -> None:
+    """Simulated requests whose samples the model still knows (accuracy 99.5 %, as on the samples it
+    holds) against unseen samples at 92 %: at every request size "forgotten" comes at most 5 % of the
+    time (before the positive control it came for nearly every request of 30 images or fewer)."""
+    rng = np.random.default_rng(2)
+    trials, n_test, n_held = 1000, 359, 2000
+    for n in (5, 10, 30, 60, 126, 500):
+        fa = 100 * rng.binomial(n, 0.995, size=trials) / n
+        ta = 100 * rng.binomial(n_test, 0.92, size=trials) / n_test
+        held = 100 * rng.binomial(n_held, 0.995, size=trials) / n_held
+        said = np.mean([V.verdict("FA", f, t, n=n, target_n=n_test, remembered=h)["verdict"] == V.FORGOTTEN
+                        for f, t, h in zip(fa, ta, held)])
+        assert said <= 0.05, (n, said)
