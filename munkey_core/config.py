@@ -260,6 +260,22 @@ def resolve_profile(name: str) -> Profile:
     return PROFILES[name]
 
 
+# (profile, dataset) pairs whose key deletion was measured against retraining at the profile's defaults, with
+# noise floors (docs/results/forgetting_at_defaults.md, fidelity.md); every other pair trains, unmeasured
+FORGETTING_MEASURED = frozenset({("cpu", "digits"), ("cpu", "fashion-mnist"), ("cpu", "elpv")})
+
+
+def forgetting_note(profile: str, dataset: str) -> str | None:
+    """What a user training `dataset` with `profile` should know of its forgetting: None where it was
+    measured, else a line saying it was not and how to measure it on their run."""
+    if (profile, dataset) in FORGETTING_MEASURED:
+        return None
+    measured = ", ".join(f"{d} ({p})" for p, d in sorted(FORGETTING_MEASURED))
+    return (f"note: forgetting by key deletion has not been measured for the {profile} profile on {dataset} (measured: "
+            f"{measured}); `munkey evaluate RUN --oracle --noise-floor 2`, after a deletion, measures it for this run "
+            "against retrained models and their spread.")
+
+
 def resolve_device(name: str = "auto") -> torch.device:
     """CUDA when present (or asked for and present), CPU otherwise."""
     import torch
@@ -294,4 +310,4 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
 
 
 __all__ = ["ModelConfig", "TrainConfig", "Profile", "PROFILES", "resolve_profile", "resolve_device",
-           "with_overrides", "recorded_settings", "from_dict", "asdict"]
+           "FORGETTING_MEASURED", "forgetting_note", "with_overrides", "recorded_settings", "from_dict", "asdict"]

@@ -238,3 +238,18 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly(tiny_run: Path
     proc.stdout.close()  # what `head -1` does: 400 images' evidence (~400 KB) cannot fit the pipe's buffer
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 141 and b"Traceback" not in err and b"BrokenPipe" not in err, err
+
+
+def test_train_says_when_forgetting_was_not_measured_for_its_profile(tmp_path: Path, capsys) -> None:
+    """A run of a profile and dataset never measured against retraining (here the test profile; on a GPU the
+    auto profile, vit-tiny) ends with a note saying so and naming the command that measures it; the
+    measured pairs (the cpu profile on digits, Fashion-MNIST, ELPV) get none."""
+    from munkey_core.config import forgetting_note
+
+    code, out, _ = run_cli(capsys, "train", "--dataset", "digits", "--profile", "tiny", "--epochs", "1",
+                           "--out", str(tmp_path / "r"))
+    assert code == 0 and "not been measured for the tiny profile on digits" in out
+    assert "munkey evaluate RUN --oracle --noise-floor 2" in out
+    assert "vit-tiny profile on digits" in forgetting_note("vit-tiny", "digits")
+    assert [forgetting_note("cpu", d) for d in ("digits", "fashion-mnist", "elpv")] == [None] * 3
+    assert forgetting_note("cpu", "cifar10") is not None
