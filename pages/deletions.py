@@ -21,6 +21,7 @@ from munkey_core.dashboard.trust import find_copies
 from munkey_core.dashboard.views import (DeletionJob, classify_ids, credential_gate, display_image, ids_from_bytes,
                                          metrics_table, oracle_check, similar_training_samples, training_images,
                                          unknown_ids_message)
+from munkey_core.config import forgetting_note
 from munkey_core.eval.oracles import forget_tag
 from munkey_core.eval.verdicts import FORGOTTEN, NOT_YET
 from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, copy_index_for, decoded_uploads, fmt,
@@ -174,6 +175,9 @@ st.title("Deletion requests")
 st.write("Select the training samples a request names, check them, and delete them from the model's memory. "
          "Deletion removes each sample's key and exemplar from the bank and from every checkpoint: no "
          "retraining, and the deleted samples can no longer be retrieved as evidence.")
+_info = run.summary()
+if _unmeasured := forgetting_note(_info["profile"], _info["dataset"]):
+    st.caption("Forgetting" + _unmeasured.removeprefix("note: forgetting"))
 if job_running:  # at the top, where the operator is looking
     _deletion_progress(st.session_state[JOB_KEY])
 

@@ -159,6 +159,8 @@ def test_operator_deletes_and_sees_metrics(tiny_run: Path, monkeypatch: pytest.M
     assert list(verdicts["measure"]) == ["FA", "MIA"]
     assert set(verdicts["verdict"]) <= {"forgotten", "not yet", "cannot tell"}
     assert all(v.endswith(" %") for v in verdicts["samples still held read"])  # the positive control, shown
+    assert "Forgetting by key deletion has not been measured for the tiny profile on digits" in _texts(at)
+    assert "`munkey evaluate RUN --oracle --noise-floor 2`" in _texts(at)  # the test profile: never measured
     summary = at.session_state["deletion_summary"]
     held = [v["remembered"] for v in summary["assessment"]["verdicts"]]
     assert list(verdicts["samples still held read"]) == [f"{h:.1f} %" for h in held]
