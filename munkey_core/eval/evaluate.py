@@ -83,7 +83,8 @@ def remembered_reference(retain_probs: np.ndarray, retain_labels: np.ndarray, te
                          test_labels: np.ndarray, forget_labels: np.ndarray) -> dict:
     """What the model gives now on training samples it still holds, of the deleted samples' classes and
     weighted to their class mix: accuracy (FA_remembered) and the cheap attack's AUC against the test
-    samples (MIA_remembered), both in percent, and how many retained samples they rest on.
+    samples (MIA_remembered), both in percent, and how many samples they are worth (n_remembered: Kish's
+    effective count of the reweighted mean, as `class_matched_n`; the verdicts widen by it).
 
     The forgetting verdicts' positive control (eval/verdicts.py): a deleted sample the model still
     remembered would read like these, so "forgotten" needs an interval that leaves them out; where it
@@ -91,15 +92,16 @@ def remembered_reference(retain_probs: np.ndarray, retain_labels: np.ndarray, te
     None where no class of the deleted samples has a retained and a test sample."""
     r_loss, t_loss = cross_entropy(retain_probs, retain_labels), cross_entropy(test_probs, test_labels)
     r_ok = retain_probs.argmax(axis=1) == retain_labels
-    total, acc, mia, used = 0, 0.0, 0.0, 0
+    total, acc, mia, shares = 0, 0.0, 0.0, []  # shares: (deleted count of a class, its held count)
     for c, n in zip(*np.unique(forget_labels, return_counts=True)):
         r, t = retain_labels == c, test_labels == c
         if r.any() and t.any():  # each class weighted by its count among the deleted samples, as mia_auc does
             acc, mia = acc + n * r_ok[r].mean(), mia + n * auc(-r_loss[r], -t_loss[t])
-            total, used = total + n, used + int(r.sum())
+            total, shares = total + n, shares + [(int(n), int(r.sum()))]
     if total == 0:
         return {"FA_remembered": None, "MIA_remembered": None, "n_remembered": 0}
-    return {"FA_remembered": 100.0 * acc / total, "MIA_remembered": 100.0 * mia / total, "n_remembered": used}
+    effective = 1.0 / sum((n / total) ** 2 / held for n, held in shares)  # each held sample weighs share / held
+    return {"FA_remembered": 100.0 * acc / total, "MIA_remembered": 100.0 * mia / total, "n_remembered": effective}
 
 
 def _eval_rows(run: LoadedMunkeyRun, max_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -39,6 +39,9 @@ TOLERANCE = {"FA": 15.0, "MIA": 15.0, "Af": 10.0}  # widest half-interval (point
 # requests instead of 2.5 % (simulated; tests/eval/test_verdicts.py), so "not yet" would be a false alarm
 # for one single-image request in ten.
 MIN_AUC_SAMPLES = 5
+NO_HELD_SAMPLE = ("the model holds no training sample of these classes any more (or none among the evaluated "
+                  "ones), so nothing shows the measure could tell a remembered sample apart; a retrained model "
+                  "tells: `munkey evaluate RUN --oracle --noise-floor 2`.")
 
 
 def finite_number(x) -> bool:
@@ -119,15 +122,17 @@ def proportion_difference_interval(value: float, n: int, target: float, target_n
 
 def verdict(metric: str, value: float | None, target: float | None, *, n: int | None = None,
             n_ref: int | None = None, target_label: str = "", tolerance: float | None = None,
-            target_n: float | None = None, remembered: float | None = None, needs_remembered: bool = False) -> dict:
+            target_n: float | None = None, remembered: float | None = None, remembered_n: float | None = None,
+            needs_remembered: bool = False, no_remembered_reason: str = "") -> dict:
     """One forgetting number against its target. metric: "FA" or "Af" (accuracy %, n samples) or "MIA"
     (AUC %, n forget vs n_ref unseen samples; target 50). `target_n`: for an accuracy whose target was
     measured on samples (FA against unseen samples of the same classes: `class_matched_n`), their
     effective count; the interval then carries the target's uncertainty too (`difference_interval`).
-    `remembered`: what the measure reads on samples the model still holds (the positive control); an
-    interval holding it as well as the target gives "cannot tell", and so does its absence when
-    `needs_remembered`. Returns a JSON-ready dict: metric, value, target, target_label, interval, n,
-    remembered, verdict, reason."""
+    `remembered`: what the measure reads on samples the model still holds (the positive control), on
+    `remembered_n` samples (their effective count); "forgotten" needs the value clearly below it
+    (`clear_of_remembered`), else "cannot tell"; so does its absence when `needs_remembered`, with
+    `no_remembered_reason` as the reason. Returns a JSON-ready dict: metric, value, target, target_label,
+    interval, n, remembered, verdict, reason."""
     tol = TOLERANCE.get(metric, 15.0) if tolerance is None else tolerance
     out = {"metric": metric, "value": float(value) if finite_number(value) else None,
            "target": float(target) if finite_number(target) else None, "target_label": target_label,
@@ -164,22 +169,48 @@ def verdict(metric: str, value: float | None, target: float | None, *, n: int | 
         out["reason"] = f"{what}: still above the target, so the model still remembers these samples."
     elif (hi - lo) / 2 > tol and hi >= t:
         out["reason"] = f"{what}: too few samples to tell (the interval is wider than ±{tol:.0f} points)."
-    elif out["remembered"] is not None and lo <= out["remembered"] <= hi:
-        out["reason"] = (f"{what}: the interval also holds {out['remembered']:.1f} %, what training samples the "
-                         "model still holds read: these numbers fit samples still remembered as well as forgotten "
-                         "ones (more deleted samples narrow the interval; a retrained oracle tells more).")
+    elif out["remembered"] is not None and out["remembered"] <= t:
+        out["reason"] = (f"{what}: training samples the model still holds read {out['remembered']:.1f} %, no higher "
+                         "than unseen ones, so this measure cannot show a remembered sample here.")
+    elif out["remembered"] is not None and not clear_of_remembered(metric, float(value), int(n), n_ref,
+                                                                   out["remembered"], remembered_n):
+        out["reason"] = (f"{what}: not clearly below the {out['remembered']:.1f} % that training samples the model "
+                         "still holds read: these numbers fit samples still remembered as well as forgotten ones "
+                         "(more deleted samples narrow the interval; a retrained oracle tells more).")
     elif out["remembered"] is None and needs_remembered:
-        out["reason"] = (f"{what}: no reading of training samples the model still holds, so nothing shows this "
-                         "measure could tell a remembered sample apart (evaluate again: `munkey evaluate RUN`).")
+        out["reason"] = f"{what}: " + (no_remembered_reason or "no reading of training samples the model still holds.")
     else:
         out["verdict"] = FORGOTTEN
-        clear = ("" if out["remembered"] is None else
-                 f", and clear of the {out['remembered']:.1f} % that samples the model still holds read")
-        out["reason"] = (f"{what}: at or below the target{clear}: like unseen samples on average."
-                         if hi >= t else f"{what}: below the target: not recognised better than unseen samples (these may "
-                         "simply be harder than average; only a retrained model shows whether more was forgotten "
-                         "than needed).")
+        if hi >= t and out["remembered"] is None:  # Af: a class's accuracy against a model that never learnt it
+            out["reason"] = f"{what}: at or below the target, as if never trained on."
+        elif hi >= t:
+            out["reason"] = (f"{what}: at or below the target, and clearly below the {out['remembered']:.1f} % that "
+                             "training samples the model still holds read: like unseen samples on average.")
+        else:
+            out["reason"] = (f"{what}: below the target: not recognised better than unseen samples (these may "
+                             "simply be harder than average; only a retrained model shows whether more was "
+                             "forgotten than needed).")
     return out
+
+
+def clear_of_remembered(metric: str, value: float, n: int, n_ref: int | None, remembered: float,
+                        remembered_n: float | None) -> bool:
+    """Whether `value` (on n samples) lies below `remembered` (on `remembered_n`; None: taken as exact) by
+    more than both 95 % uncertainties together (Newcombe's hybrid rule: the distance against the hypot of
+    the value's upper and the remembered value's lower half-interval). Accuracies: the value's exact
+    (Clopper-Pearson) upper bound, since near 100 % Wilson's is too low (29 of 30 right would clear 99.5 %,
+    which a model still knowing them at 99.5 % gives 14 % of the time), and Wilson's lower bound for the
+    remembered value; AUCs: Hanley-McNeil against n_ref unseen samples."""
+    if metric == "MIA":
+        v_hi = auc_interval(value, n, int(n_ref or 0))[1]
+        r_lo = auc_interval(remembered, int(remembered_n), int(n_ref or 0))[0] if remembered_n else remembered
+    else:
+        from scipy.stats import beta
+
+        right = int(round(value / 100.0 * n))
+        v_hi = 100.0 if right >= n else 100.0 * float(beta.ppf(1 - (1 - 0.95) / 2, right + 1, n - right))
+        r_lo = wilson_interval(remembered, int(remembered_n))[0] if remembered_n else remembered
+    return remembered - value > math.hypot(v_hi - value, remembered - r_lo)
 
 
 def forgetting_verdicts(after: dict, *, fa_target: float | None, fa_target_label: str,
@@ -188,11 +219,15 @@ def forgetting_verdicts(after: dict, *, fa_target: float | None, fa_target_label
     FA_remembered / MIA_remembered, evaluate.remembered_reference: without them neither says "forgotten").
     `fa_target_n`: the effective count of the samples `fa_target` was measured on (`class_matched_n`)."""
     n_forget = after.get("n_forget")
+    why = (NO_HELD_SAMPLE if "FA_remembered" in after else  # measured: no held sample of these classes
+           "this evaluation predates the reading of training samples the model still holds, so nothing shows "
+           "the measure could tell a remembered sample apart; evaluate again (`munkey evaluate RUN`).")
+    control = {"remembered_n": after.get("n_remembered"), "needs_remembered": True, "no_remembered_reason": why}
     return [verdict("FA", after.get("FA"), fa_target, n=n_forget, target_label=fa_target_label,
-                    target_n=fa_target_n, remembered=after.get("FA_remembered"), needs_remembered=True),
+                    target_n=fa_target_n, remembered=after.get("FA_remembered"), **control),
             verdict("MIA", after.get("MIA"), 50.0, n=n_forget, n_ref=n_ref or after.get("n_test"),
                     target_label="(50 = indistinguishable from unseen data)",
-                    remembered=after.get("MIA_remembered"), needs_remembered=True)]
+                    remembered=after.get("MIA_remembered"), **control)]
 
 
 def overall(verdicts: Sequence[dict]) -> str:

@@ -199,6 +199,9 @@ def test_forget_records_entry_and_receipt_that_verify(tiny_run: Path, capsys) ->
     assert rec["log_head"] == {"seq": rec["entry"]["seq"], "hash": rec["entry"]["entry_hash"]}
     page = Path(res["receipt_html"]).read_text()
     assert res["request_id"] in page and "deleted and verified" in page and "<script" not in page
+    # the verdicts' positive control, on the page as recorded in the signed evidence
+    assert "Training samples still held, same classes" in page
+    assert f"{ev['FA_remembered']:.2f} / {ev['MIA_remembered']:.2f}" in page
     code, out, _ = run_cli(capsys, "audit", "verify-receipt", res["receipt"], str(tiny_run))
     assert code == 0 and "receipt VALID" in out
     code, out, _ = run_cli(capsys, "audit", "verify", str(tiny_run), "--json")

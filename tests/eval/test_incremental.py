@@ -65,8 +65,22 @@ def test_a_request_with_evaluation_measures_what_a_fresh_evaluation_measures(tin
     for name in ("TA", "RA", "FA", "MIA", "Ps", "n_forget", "bank_size", "bank_fingerprint", "FA_remembered",
                  "MIA_remembered", "n_remembered"):
         assert after[name] == pytest.approx(fresh[name], abs=1e-9), name
-    ev = res.entry["evidence"]  # the request's own positive control, on the same held samples' predictions
-    assert ev["n_remembered"] > 0 and 0 <= ev["FA_remembered"] <= 100 and 0 <= ev["MIA_remembered"] <= 100
+    # the request's positive control, recomputed here from every held training sample (max_samples=0) with
+    # scikit-learn's AUC per class of the deleted samples, weighted by their counts
+    from sklearn.metrics import roc_auc_score
+
+    ev, run = res.entry["evidence"], MunkeyRun(tiny_run, device="cpu")
+    ds, deleted = run.dataset, np.asarray(res.deleted)
+    held = np.flatnonzero(np.isin(ds.train.ids, run.bank.ids))
+    assert not np.isin(ds.train.ids[held], deleted).any()
+    hp, tp = run.predict_rows("train", held), run.predict_rows("test", np.arange(len(ds.test)))
+    hy, ty, fy = ds.train.labels[held], ds.test.labels, ds.lookup(deleted.tolist()).labels
+    h_loss, t_loss = -np.log(hp[np.arange(len(hy)), hy]), -np.log(tp[np.arange(len(ty)), ty])
+    classes, counts = np.unique(fy, return_counts=True)
+    acc = sum(n * np.mean(hp[hy == c].argmax(1) == c) for c, n in zip(classes, counts)) / counts.sum()
+    auc = sum(n * roc_auc_score(np.r_[np.ones((hy == c).sum()), np.zeros((ty == c).sum())],
+                                -np.r_[h_loss[hy == c], t_loss[ty == c]]) for c, n in zip(classes, counts)) / counts.sum()
+    assert ev["FA_remembered"] == pytest.approx(100 * acc) and ev["MIA_remembered"] == pytest.approx(100 * auc)
 
 
 def test_the_cache_never_serves_a_prediction_of_an_older_bank(tiny_run: Path) -> None:

@@ -164,6 +164,8 @@ def test_remembered_reference_weights_each_class_by_the_deleted_samples_and_matc
                             -np.r_[r_loss[r_y == c], t_loss[t_y == c]]) for c in (0, 2)}
     assert got["FA_remembered"] == pytest.approx(100 * (6 * acc[0] + 2 * acc[2]) / 8)
     assert got["MIA_remembered"] == pytest.approx(100 * (6 * roc[0] + 2 * roc[2]) / 8)
-    assert got["n_remembered"] == (r_y == 0).sum() + (r_y == 2).sum()
+    # what the weighted mean is worth (Kish): 1 / sum over held samples of their squared weights
+    w = np.where(r_y == 0, 6 / 8 / (r_y == 0).sum(), 0.0) + np.where(r_y == 2, 2 / 8 / (r_y == 2).sum(), 0.0)
+    assert got["n_remembered"] == pytest.approx(w.sum() ** 2 / (w ** 2).sum())
     none = remembered_reference(r_p, r_y, t_p, t_y, np.array([3, 3]))
     assert none == {"FA_remembered": None, "MIA_remembered": None, "n_remembered": 0}
