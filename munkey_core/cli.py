@@ -292,11 +292,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"trained {s['dataset']} ({s['train_size']} images, profile {s['profile']}, {s['design']}) in "
           f"{s['train_seconds']} s; "
           f"final train acc {last['train_acc']:.1f}%, val acc {_fmt(last.get('val_acc'), 1)}% -> {args.out}")
-    from munkey_core.config import forgetting_note
+    from munkey_core.config import forgetting_note, recipe_changes
 
-    note = forgetting_note(s["profile"], s["dataset"])
+    note = forgetting_note(s["profile"], s["dataset"], recipe_changes(run.config))
     if note:
-        print(note)
+        print(f"note: {note}")
     return 0
 
 

@@ -263,17 +263,35 @@ def resolve_profile(name: str) -> Profile:
 # (profile, dataset) pairs whose key deletion was measured against retraining at the profile's defaults, with
 # noise floors (docs/results/forgetting_at_defaults.md, fidelity.md); every other pair trains, unmeasured
 FORGETTING_MEASURED = frozenset({("cpu", "digits"), ("cpu", "fashion-mnist"), ("cpu", "elpv")})
+_NOT_RECIPE = frozenset({"seed", "split_seed", "in_chans", "num_classes"})  # seeds, and sizes the data gives
 
 
-def forgetting_note(profile: str, dataset: str) -> str | None:
-    """What a user training `dataset` with `profile` should know of its forgetting: None where it was
-    measured, else a line saying it was not and how to measure it on their run."""
-    if (profile, dataset) in FORGETTING_MEASURED:
-        return None
-    measured = ", ".join(f"{d} ({p})" for p, d in sorted(FORGETTING_MEASURED))
-    return (f"note: forgetting by key deletion has not been measured for the {profile} profile on {dataset} (measured: "
-            f"{measured}); `munkey evaluate RUN --oracle --noise-floor 2`, after a deletion, measures it for this run "
-            "against retrained models and their spread.")
+def recipe_changes(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings a run's config.json records that differ from its profile's recipe for its dataset
+    ({name: value}; seeds and data-given sizes aside); {} for a profile this version does not know."""
+    prof, dataset = PROFILES.get(config.get("profile", "")), config.get("dataset", "")
+    if prof is None:
+        return {}
+    want = {**asdict(prof.model_for(dataset)), **asdict(prof.train_for(dataset))}
+    got = {**config.get("model", {}), **config.get("train", {})}
+    return {k: v for k, v in got.items() if k in want and k not in _NOT_RECIPE and want[k] != v}
+
+
+def forgetting_note(profile: str, dataset: str, changes: dict[str, Any] | None = None) -> str | None:
+    """What a user of a `profile` run on `dataset` with these recipe `changes` (`recipe_changes`) should know
+    of its forgetting: None where exactly that recipe was measured against retraining, else a sentence
+    saying it was not and how to measure it on their run."""
+    how = ("`munkey evaluate RUN --oracle --noise-floor 2`, after a deletion, measures it for this run against "
+           "retrained models and their spread.")
+    if (profile, dataset) not in FORGETTING_MEASURED:
+        measured = ", ".join(f"{d} ({p})" for p, d in sorted(FORGETTING_MEASURED))
+        return (f"Forgetting by key deletion has not been measured for the {profile} profile on {dataset} "
+                f"(measured: {measured}); {how}")
+    if changes:
+        changed = ", ".join(f"{k} {v}" for k, v in sorted(changes.items()))
+        return (f"Forgetting by key deletion was measured for the {profile} profile's own recipe on {dataset}, not "
+                f"with this run's changes ({changed}); {how}")
+    return None
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -310,4 +328,4 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
 
 
 __all__ = ["ModelConfig", "TrainConfig", "Profile", "PROFILES", "resolve_profile", "resolve_device",
-           "FORGETTING_MEASURED", "forgetting_note", "with_overrides", "recorded_settings", "from_dict", "asdict"]
+           "FORGETTING_MEASURED", "forgetting_note", "recipe_changes", "with_overrides", "recorded_settings", "from_dict", "asdict"]

@@ -21,7 +21,7 @@ from munkey_core.dashboard.trust import find_copies
 from munkey_core.dashboard.views import (DeletionJob, classify_ids, credential_gate, display_image, ids_from_bytes,
                                          metrics_table, oracle_check, similar_training_samples, training_images,
                                          unknown_ids_message)
-from munkey_core.config import forgetting_note
+from munkey_core.config import forgetting_note, recipe_changes
 from munkey_core.eval.oracles import forget_tag
 from munkey_core.eval.verdicts import FORGOTTEN, NOT_YET
 from pages._common import (IMAGE_TYPES, collect_finished_job, configured_token, copy_index_for, decoded_uploads, fmt,
@@ -65,7 +65,8 @@ def show_same_class(same: dict | None) -> None:
     st.write(f"This request's samples after the deletion, against unseen test samples of the same classes "
              f"({fmt(same['TA_same_classes'])} %): FA minus that {fmt(same.get('FA_minus_TA_same_classes'))} points"
              + (f" (95 % interval {interval[0]:+.2f} to {interval[1]:+.2f})" if interval else "")
-             + f"; membership attack TPR at 1 % / 0.1 % FPR {fmt(same.get('TPR@1%'))} / {fmt(same.get('TPR@0.1%'))} %.")
+             + (f"; membership attack TPR at 1 % / 0.1 % FPR {fmt(same['TPR@1%'])} / {fmt(same.get('TPR@0.1%'))} %"
+                if same.get("TPR@1%") is not None else "") + ".")
     st.caption(same.get("same_class_note") or "")
 
 
@@ -175,9 +176,9 @@ st.title("Deletion requests")
 st.write("Select the training samples a request names, check them, and delete them from the model's memory. "
          "Deletion removes each sample's key and exemplar from the bank and from every checkpoint: no "
          "retraining, and the deleted samples can no longer be retrieved as evidence.")
-_info = run.summary()
-if _unmeasured := forgetting_note(_info["profile"], _info["dataset"]):
-    st.caption("Forgetting" + _unmeasured.removeprefix("note: forgetting"))
+if _unmeasured := forgetting_note(run.config.get("profile", ""), run.config.get("dataset", ""),
+                                  recipe_changes(run.config)):
+    st.caption(_unmeasured)
 if job_running:  # at the top, where the operator is looking
     _deletion_progress(st.session_state[JOB_KEY])
 

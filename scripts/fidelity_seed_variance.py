@@ -25,7 +25,7 @@ every split, where retraining noise has both). `--offsets 0,1000` keeps training
 `--also DIR` pools another folder's lines with $SEEDVAR_DIR's (e.g. a second draw of training seeds).
 `--oracle-set KEY=VALUE` compares each recipe's runs with M-oracles trained with that change on top (e.g.
 `epochs=89`: as many training images seen as the run, which saw the forget set too), and no other oracles;
-a value equal to the profile's base is refused (the grouping reads it as no change).
+a value equal to the profile's base is refused (the grouping drops base values, so it cannot show it).
 
 `train --set KEY=VALUE` changes the recipe (any ModelConfig/TrainConfig field, repeatable), so a
 candidate recipe is trained for a run and its oracles alike; `strong` trains its references with the
@@ -265,11 +265,11 @@ def gap_table(args: argparse.Namespace) -> None:
     source: dict[tuple, str | Path] = {}  # model -> the folder its line came from
     asked = parse_set(args.oracle_set, "--oracle-set")
     oracle_set = effective_recipe({"recipe": asked})  # {} without --oracle-set
-    if unchanged := sorted(set(asked) - set(oracle_set)):  # grouping drops a profile base value: it would change nothing
+    if unchanged := sorted(set(asked) - set(oracle_set)):  # grouping drops base values: it cannot pair them
         raise SystemExit(f"--oracle-set {', '.join(repr(p) for p in args.oracle_set if p.partition('=')[0] in unchanged)}: "
-                         "the cpu profile's base value, "
-                         "which the grouping treats as no change; the usual table (no --oracle-set) compares runs with "
-                         "oracles of that value, or name another value")
+                         "the cpu profile's base value, which this table's grouping drops from every recipe, so it "
+                         "cannot pair runs with oracles trained with it (for digits, whose recipe sets other values, "
+                         "that would be a real change it cannot show); name another value")
     if oracle_set:
         print(f"M-oracles: the runs' recipe with {', '.join(f'{k} {v}' for k, v in sorted(oracle_set.items()))} "
               f"(--oracle-set); runs and oracles trained otherwise are left out")

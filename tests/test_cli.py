@@ -253,3 +253,14 @@ def test_train_says_when_forgetting_was_not_measured_for_its_profile(tmp_path: P
     assert "vit-tiny profile on digits" in forgetting_note("vit-tiny", "digits")
     assert [forgetting_note("cpu", d) for d in ("digits", "fashion-mnist", "elpv")] == [None] * 3
     assert forgetting_note("cpu", "cifar10") is not None
+    # a measured pair with the recipe changed: the run's config against the profile's recipe, seeds aside
+    from munkey_core.config import PROFILES, asdict, recipe_changes
+
+    prof = PROFILES["cpu"]
+    config = {"profile": "cpu", "dataset": "digits", "model": {**asdict(prof.model_for("digits")), "num_classes": 10},
+              "train": {**asdict(prof.train_for("digits")), "seed": 7}}
+    assert recipe_changes(config) == {}  # the shipped recipe (shift 0.2, skip 0.15) with another seed
+    config["train"]["absent_skip_hardest"], config["train"]["epochs"] = 0.0, 5
+    assert recipe_changes(config) == {"absent_skip_hardest": 0.0, "epochs": 5}
+    said = forgetting_note("cpu", "digits", recipe_changes(config))
+    assert "not with this run's changes (absent_skip_hardest 0.0, epochs 5)" in said
