@@ -422,7 +422,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                    f"MIA: {r['MIA_attack']})")
         from munkey_core.eval.floors import gap_verdict
 
-        v = gap_verdict(r["AvgGap"], floor, len(r["noise_floor"]["oracles"]))
+        c = r["control"]
+        text += (f"\n{'held':<10} FA {_fmt(c['FA'])}  MIA {_fmt(c['MIA'])}  -> Avg Gap {_fmt(c['AvgGap'])}  (the positive "
+                 "control: the run had the deleted samples read like the samples it still holds)")
+        v = gap_verdict(r["AvgGap"], floor, len(r["noise_floor"]["oracles"]), control_gap=c["AvgGap"],
+                        needs_control=True)
         r["verdict"] = v
         text += f"\nverdict: {v['verdict']}. {v['reason']}"
         _emit(r, args.json, text)

@@ -370,11 +370,15 @@ def oracle_check(run: MunkeyRun, *, max_samples: int = 2000) -> dict | None:
     floor_models = r["noise_floor"]["oracles"]
     models = [("this model, after the deletions", r["run"], r["AvgGap"]), ("retrained without them (M-oracle)", r["oracle"], 0.0)]
     models += [(f"retrained, training seed {f['train_seed']} (noise floor)", f["metrics"], f["AvgGap"]) for f in floor_models]
+    c = r["control"]  # the positive control: the deleted samples read like the samples this model still holds
+    models.append(("this model, had they read like the samples it still holds (positive control)",
+                   {**r["run"], "FA": c["FA"], "MIA": c["MIA"]}, c["AvgGap"]))
     rows = [{"model": name, **{k: m.get(k) for k in ("TA", "RA", "FA", "MIA")}, "Avg Gap to the M-oracle": gap}
             for name, m, gap in models]
     return {"rows": rows, "AvgGap": r["AvgGap"], "floor": r["noise_floor"]["AvgGap"], "n_floor": len(floor_models),
             "n_forget": r["n_forget"], "forget_set": r["forget_set"], "MIA_attack": r["MIA_attack"],
-            **gap_verdict(r["AvgGap"], r["noise_floor"]["AvgGap"], len(floor_models))}
+            **gap_verdict(r["AvgGap"], r["noise_floor"]["AvgGap"], len(floor_models), control_gap=c["AvgGap"],
+                          needs_control=True)}
 
 
 # --------------------------------------------------------------------------- audit

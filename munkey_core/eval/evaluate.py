@@ -8,7 +8,7 @@
   next to the accuracy on *unseen test samples of the same classes* (weighted to the request's
   class mix, `same_class_comparison`) and what that comparison does and does not show
   (`SAME_CLASS_NOTE`): its receipt's evidence.
-- `remembered_reference` (in both evaluations): the same FA and MIA on training samples the model still
+- both add `metrics.remembered_reference`: the same FA and MIA on training samples the model still
   holds, of the deleted samples' classes: what "still remembered" reads, the verdicts' positive control.
 FA and MIA are computed by one function (`_forget_accuracy_and_mia`) in all three.
 Each set is a seeded subsample of at most `max_samples` (0 = all); the retain and forget samples are
@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from munkey_core.eval.metrics import (MIA_CHEAP, accuracy, auc, class_weights, cross_entropy, mia_auc, mia_tprs,
-                                     pathway_sensitivity)
+from munkey_core.eval.metrics import (MIA_CHEAP, accuracy, class_weights, cross_entropy, mia_auc, mia_tprs,
+                                     pathway_sensitivity, remembered_reference)
 from munkey_core.eval.verdicts import effective_count, proportion_difference_interval
 from munkey_core.run.loaded import LoadedMunkeyRun
 from munkey_core.run.paths import utc_now
@@ -77,31 +77,6 @@ def _forget_accuracy_and_mia(run: LoadedMunkeyRun, rows: np.ndarray, test_probs:
     f_loss, t_loss = cross_entropy(probs, fy), cross_entropy(test_probs, test_labels)
     parts = {"pred": pred, "labels": fy, "forget_loss": f_loss, "test_loss": t_loss}
     return accuracy(pred, fy), mia_auc(f_loss, fy, t_loss, test_labels), parts
-
-
-def remembered_reference(retain_probs: np.ndarray, retain_labels: np.ndarray, test_probs: np.ndarray,
-                         test_labels: np.ndarray, forget_labels: np.ndarray) -> dict:
-    """What the model gives now on training samples it still holds, of the deleted samples' classes and
-    weighted to their class mix: accuracy (FA_remembered) and the cheap attack's AUC against the test
-    samples (MIA_remembered), both in percent, and how many samples they are worth (n_remembered: Kish's
-    effective count of the reweighted mean, as `class_matched_n`; the verdicts widen by it).
-
-    The forgetting verdicts' positive control (eval/verdicts.py): a deleted sample the model still
-    remembered would read like these, so "forgotten" needs an interval that leaves them out; where it
-    holds them, the numbers cannot tell forgotten from remembered. Probabilities (N, C); labels (N,).
-    None where no class of the deleted samples has a retained and a test sample."""
-    r_loss, t_loss = cross_entropy(retain_probs, retain_labels), cross_entropy(test_probs, test_labels)
-    r_ok = retain_probs.argmax(axis=1) == retain_labels
-    total, acc, mia, shares = 0, 0.0, 0.0, []  # shares: (deleted count of a class, its held count)
-    for c, n in zip(*np.unique(forget_labels, return_counts=True)):
-        r, t = retain_labels == c, test_labels == c
-        if r.any() and t.any():  # each class weighted by its count among the deleted samples, as mia_auc does
-            acc, mia = acc + n * r_ok[r].mean(), mia + n * auc(-r_loss[r], -t_loss[t])
-            total, shares = total + n, shares + [(int(n), int(r.sum()))]
-    if total == 0:
-        return {"FA_remembered": None, "MIA_remembered": None, "n_remembered": 0}
-    effective = 1.0 / sum((n / total) ** 2 / held for n, held in shares)  # each held sample weighs share / held
-    return {"FA_remembered": 100.0 * acc / total, "MIA_remembered": 100.0 * mia / total, "n_remembered": effective}
 
 
 def _eval_rows(run: LoadedMunkeyRun, max_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -7,7 +7,8 @@ Gap to the oracles is no larger than that.
 
 `gap_verdict` reads one run's Avg Gap to its M-oracle against the floor in words (the dashboard's and
 `munkey evaluate --oracle`'s reading): within floor + 0.3 (issue 17's bar) or not, or "cannot tell"
-without a floor. `floor_excess` is the pooled figure the docs report: the mean run-vs-oracle gap minus the mean
+without a floor or where its positive control (the run had the deleted samples read like the samples it
+still holds, oracles.remembered_control) is within the bar too. `floor_excess` is the pooled figure the docs report: the mean run-vs-oracle gap minus the mean
 oracle-pair gap, over every cell. `signed_offsets` says which way the runs sit. `relabelling_test` asks whether that excess is more than chance:
 under the null hypothesis that a run after deletion is one more draw of the retraining (the runs and
 the oracles of a cell are exchangeable), relabelling which models of each cell are the runs leaves
@@ -41,10 +42,13 @@ Cell = tuple[Sequence[Metrics], Sequence[Metrics]]  # (runs after deletion, M-or
 
 
 def gap_verdict(avg_gap_to_oracle: float | None, floor: float | None, n_floor: int = 0,
-                margin: float = GAP_MARGIN) -> dict:
+                margin: float = GAP_MARGIN, *, control_gap: float | None = None, needs_control: bool = False) -> dict:
     """A run's Avg Gap to its M-oracle against the noise floor (mean Avg Gap of `n_floor` oracles of other
     training seeds to the same M-oracle), in words: {"verdict", "reason", "bar"}. "forgotten" when the gap
-    is within floor + margin, "not yet" above it, "cannot tell" without a measured gap or floor."""
+    is within floor + margin and the positive control is not (`control_gap`: the gap had the deleted
+    samples read like the samples the run still holds, oracles.remembered_control), "not yet" above it,
+    "cannot tell" without a measured gap or floor, or where the control is within the bar too (the gaps
+    could not have shown a remembered sample), or missing when `needs_control`."""
     if not finite_number(avg_gap_to_oracle):
         return {"verdict": CANNOT_TELL, "bar": None,
                 "reason": "The gap to the retrained model was not measured."}
@@ -56,9 +60,21 @@ def gap_verdict(avg_gap_to_oracle: float | None, floor: float | None, n_floor: i
     what = (f"Avg Gap {avg_gap_to_oracle:.2f} to the retrained model; retrained models differ by {floor:.2f} among "
             f"themselves ({n_floor} retrained with {'another seed' if n_floor == 1 else 'other seeds'})")
     if avg_gap_to_oracle <= bar:
+        if finite_number(control_gap) and control_gap <= bar:
+            return {"verdict": CANNOT_TELL, "bar": bar,
+                    "reason": f"{what}: within that noise + {margin:.1f}, but so would be a model still remembering "
+                              f"them (read like the samples it holds: Avg Gap {control_gap:.2f}), so these measures "
+                              "cannot tell here."}
+        if not finite_number(control_gap) and needs_control:
+            return {"verdict": CANNOT_TELL, "bar": bar,
+                    "reason": f"{what}: within that noise + {margin:.1f}, but the model holds no training sample of "
+                              "the deleted samples' classes to show what remembering reads, so nothing shows these "
+                              "measures could tell."}
+        control = (f"; a model still remembering them would read {control_gap:.2f}" if finite_number(control_gap)
+                   else "")
         return {"verdict": FORGOTTEN, "bar": bar,
-                "reason": f"{what}: within that noise + {margin:.1f}, as if never trained on, for these measures."
-                          + (" One other seed is a thin floor." if n_floor == 1 else "")}
+                "reason": f"{what}: within that noise + {margin:.1f}{control}: as if never trained on, for these "
+                          "measures." + (" One other seed is a thin floor." if n_floor == 1 else "")}
     return {"verdict": NOT_YET, "bar": bar,
             "reason": f"{what}: {avg_gap_to_oracle - bar:.2f} over that noise + {margin:.1f}, so the model still "
                       "differs from one that never saw the deleted samples by more than retraining chance."}

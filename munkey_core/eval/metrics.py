@@ -8,6 +8,9 @@
 - `pathway_sensitivity`: Ps = |A_img - A_tok| / (A_both + eps), a ratio (not percent); lower is
   more balanced; the paper selects models with Ps <= 0.3.
 - `avg_gap`: mean absolute difference to an oracle over TA, RA, FA, MIA.
+- `remembered_reference`: FA and the cheap attack's AUC on training samples the model still holds, of the
+  deleted samples' classes and weighted to their mix: what a sample still remembered reads (the
+  forgetting verdicts' positive control).
 - `tpr_at_fpr` / `mia_tprs`: an attack's true-positive rate at a low false-positive rate (1%, 0.1%),
   the figure membership attacks are judged by (LiRA, Carlini et al. 2022), not AUC alone. The
   negatives (test samples) are reweighted to the forget set's class mix, the pooled analogue of the
@@ -65,6 +68,31 @@ def mia_auc(forget_loss: np.ndarray, forget_labels: np.ndarray, test_loss: np.nd
         weighted += len(f) * auc(-f, -t)
         total += len(f)
     return None if total == 0 else 100.0 * weighted / total
+
+
+def remembered_reference(retain_probs: np.ndarray, retain_labels: np.ndarray, test_probs: np.ndarray,
+                         test_labels: np.ndarray, forget_labels: np.ndarray) -> dict:
+    """What the model gives now on training samples it still holds, of the deleted samples' classes and
+    weighted to their class mix: accuracy (FA_remembered) and the cheap attack's AUC against the test
+    samples (MIA_remembered), both in percent, and how many samples they are worth (n_remembered: Kish's
+    effective count of the reweighted mean, as `class_matched_n`; the verdicts widen by it).
+
+    The forgetting verdicts' positive control (eval/verdicts.py; the oracle verdict's too, eval/floors.py): a deleted sample the model still
+    remembered would read like these, so "forgotten" needs an interval that leaves them out; where it
+    holds them, the numbers cannot tell forgotten from remembered. Probabilities (N, C); labels (N,).
+    None where no class of the deleted samples has a retained and a test sample."""
+    r_loss, t_loss = cross_entropy(retain_probs, retain_labels), cross_entropy(test_probs, test_labels)
+    r_ok = retain_probs.argmax(axis=1) == retain_labels
+    total, acc, mia, shares = 0, 0.0, 0.0, []  # shares: (deleted count of a class, its held count)
+    for c, n in zip(*np.unique(forget_labels, return_counts=True)):
+        r, t = retain_labels == c, test_labels == c
+        if r.any() and t.any():  # each class weighted by its count among the deleted samples, as mia_auc does
+            acc, mia = acc + n * r_ok[r].mean(), mia + n * auc(-r_loss[r], -t_loss[t])
+            total, shares = total + n, shares + [(int(n), int(r.sum()))]
+    if total == 0:
+        return {"FA_remembered": None, "MIA_remembered": None, "n_remembered": 0}
+    effective = 1.0 / sum((n / total) ** 2 / held for n, held in shares)  # each held sample weighs share / held
+    return {"FA_remembered": 100.0 * acc / total, "MIA_remembered": 100.0 * mia / total, "n_remembered": effective}
 
 
 def pathway_sensitivity(a_img: float, a_tok: float, a_both: float, eps: float = 1e-8) -> float:

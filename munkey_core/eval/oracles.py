@@ -31,7 +31,7 @@ import torch
 
 from munkey_core.config import TrainConfig, from_dict
 from munkey_core.errors import MunkeyError
-from munkey_core.eval.metrics import GAP_KEYS, LOW_FPRS, MIA_CHEAP, accuracy, avg_gap, tpr_key
+from munkey_core.eval.metrics import GAP_KEYS, LOW_FPRS, MIA_CHEAP, accuracy, avg_gap, remembered_reference, tpr_key
 from munkey_core.eval.mia import MIA_STRONG, ReferenceModels, Scorer, StrongAttack, cheap_attack, half_splits
 from munkey_core.atomic import atomic_write_json, read_json
 from munkey_core.run.loaded import ClassifierRun, LoadedMunkeyRun
@@ -147,8 +147,10 @@ def classifier_scorer(model, ds, img_size: int) -> Scorer:
     return lambda split, index: classifier_probs(model, ds.split(split).images[index], img_size)
 
 
-def measure(score: Scorer, ds, sets: EvalSets, strong: StrongAttack | None = None) -> dict:
-    """TA, RA, FA and MIA (percent) of one model on `sets`; MIA_attack names the attack."""
+def measure(score: Scorer, ds, sets: EvalSets, strong: StrongAttack | None = None, control: bool = False) -> dict:
+    """TA, RA, FA and MIA (percent) of one model on `sets`; MIA_attack names the attack. `control` (cheap
+    attack) adds FA_remembered / MIA_remembered / n_remembered: the same on the retain samples, weighted to
+    the forget samples' classes (metrics.remembered_reference), what a sample still remembered reads."""
     test_p, ret_p, fgt_p = score("test", sets.test), score("train", sets.retain), score("train", sets.forget)
     ty, ry, fy = ds.test.labels[sets.test], ds.train.labels[sets.retain], ds.train.labels[sets.forget]
     out = {"TA": accuracy(test_p.argmax(1), ty), "RA": accuracy(ret_p.argmax(1), ry),
@@ -156,9 +158,22 @@ def measure(score: Scorer, ds, sets: EvalSets, strong: StrongAttack | None = Non
     if len(sets.forget):
         if strong is None:
             out.update(cheap_attack(fgt_p, fy, test_p, ty), MIA_attack=MIA_CHEAP)
+            if control:
+                out.update(remembered_reference(ret_p, ry, test_p, ty, fy))
         else:
             out.update(strong.metrics(fgt_p, test_p), MIA_attack=MIA_STRONG)
     return out
+
+
+def remembered_control(run: dict, oracle: dict) -> dict:
+    """The oracle comparison's positive control: the run's Avg Gap to the M-oracle had the deleted samples
+    read like the samples it still holds (FA and MIA replaced by FA_remembered / MIA_remembered of
+    `measure(..., control=True)`; TA and RA its own). Within the bar too, the gaps cannot show a remembered
+    sample (floors.gap_verdict). AvgGap None where the run holds no sample of the deleted classes."""
+    held = {**run, "FA": run.get("FA_remembered"), "MIA": run.get("MIA_remembered")}
+    return {"AvgGap": gaps(held, oracle)["AvgGap"], "FA": held["FA"], "MIA": held["MIA"],
+            "what": "the run's Avg Gap to the M-oracle had the deleted samples read like the samples it still "
+                    "holds (same classes): what a model still remembering them would read"}
 
 
 def gaps(metrics: dict, oracle: dict) -> dict:
@@ -273,7 +288,7 @@ def evaluate_against_oracle(run, *, max_samples: int = 2000, seed: int = 0, trai
     ds = run.dataset
     sets = eval_sets(ds, forget_ids, max_samples=max_samples, seed=seed)
     cfg = run.train_cfg
-    mine = measure(munkey_scorer(run.model, run.bank, ds, run.split_keys, cfg.k, cfg.tau), ds, sets)
+    mine = measure(munkey_scorer(run.model, run.bank, ds, run.split_keys, cfg.k, cfg.tau), ds, sets, control=True)
     tag = {"max_samples": max_samples, "seed": seed, "metrics": 2}  # 2: with the TPRs at low FPR
 
     def scorer_of(p: Path) -> Callable[[], Scorer]:
@@ -294,6 +309,7 @@ def evaluate_against_oracle(run, *, max_samples: int = 2000, seed: int = 0, trai
             "noise_floor": {"AvgGap": float(np.mean(vals)) if vals else None, "oracles": floor,
                             "what": "Avg Gap to the M-oracle of M-oracles retrained with other training seeds (same "
                                     "data split, same forget set): what retraining chance alone gives"},
+            "control": remembered_control(mine, oracle),
             "forget_set": forget_tag(forget_ids), "n_forget": len(forget_ids), "n_test": int(len(sets.test)),
             "n_retain": int(len(sets.retain)), "n_forget_evaluated": int(len(sets.forget)),
             "MIA_attack": MIA_CHEAP}

@@ -317,10 +317,12 @@ def test_deletions_page_compares_with_a_retrained_model_only_where_one_exists(ti
     at.button(key="oracle_compare").click().run()
     assert not at.exception, [e.value for e in at.exception]
     shown = next(d.value for d in at.dataframe if "Avg Gap to the M-oracle" in d.value.columns)
-    assert len(shown) == 3 and shown["Avg Gap to the M-oracle"][0] == f"{want['AvgGap']:.2f}"
+    assert len(shown) == 4 and shown["Avg Gap to the M-oracle"][0] == f"{want['AvgGap']:.2f}"
     assert shown["Avg Gap to the M-oracle"][2] == f"{want['noise_floor']['AvgGap']:.2f}"
-    word = "forgotten" if want["AvgGap"] <= want["noise_floor"]["AvgGap"] + 0.3 else "not yet"
-    verdicts = [m.value for m in (*at.success, *at.error) if "Verdict against retraining" in m.value]
+    assert shown["Avg Gap to the M-oracle"][3] == f"{want['control']['AvgGap']:.2f}"  # the positive control's row
+    bar = want["noise_floor"]["AvgGap"] + 0.3
+    word = ("not yet" if want["AvgGap"] > bar else "cannot tell" if want["control"]["AvgGap"] <= bar else "forgotten")
+    verdicts = [m.value for m in (*at.success, *at.error, *at.warning) if "Verdict against retraining" in m.value]
     assert verdicts and f"**{word}**" in verdicts[0]
     assert "nan" not in _texts(at) and "None" not in _texts(at)
 

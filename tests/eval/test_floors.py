@@ -139,3 +139,35 @@ def test_gap_verdict_reads_the_gap_against_floor_plus_margin() -> None:
         v = gap_verdict(gap, floor, n)
         assert v["verdict"] == "cannot tell" and "nan" not in v["reason"] and "None" not in v["reason"]
 
+
+
+def test_gap_verdict_needs_a_positive_control_outside_the_bar() -> None:
+    """A run within floor + 0.3 reads "forgotten" only where a model still remembering the deleted samples
+    (read like the samples it holds) would not be: a control within the bar too, or none where one is
+    needed, gives "cannot tell"; a gap over the bar stays "not yet" whatever the control."""
+    from munkey_core.eval.floors import gap_verdict
+
+    strong = gap_verdict(0.41, 1.18, 1, control_gap=6.6, needs_control=True)
+    assert strong["verdict"] == "forgotten" and "still remembering them would read 6.60" in strong["reason"]
+    weak = gap_verdict(0.41, 1.18, 1, control_gap=1.2, needs_control=True)  # nothing left to forget, measurably
+    assert weak["verdict"] == "cannot tell" and "Avg Gap 1.20" in weak["reason"]
+    assert gap_verdict(0.41, 1.18, 1, control_gap=None, needs_control=True)["verdict"] == "cannot tell"
+    assert gap_verdict(0.41, 1.18, 1, control_gap=None)["verdict"] == "forgotten"  # callers without a control
+    assert gap_verdict(2.0, 0.5, 2, control_gap=0.1, needs_control=True)["verdict"] == "not yet"
+
+
+def test_the_oracle_comparison_carries_its_positive_control(tiny_run) -> None:
+    """`evaluate_against_oracle` measures the run on the samples it still holds and reports the Avg Gap it
+    would have to the M-oracle had the deleted samples read like those: recomputed here by hand from the
+    run's and the oracle's rows and the control's FA / MIA."""
+    from munkey_core.eval.oracles import evaluate_against_oracle
+    from munkey_core.service import MunkeyRun
+
+    run = MunkeyRun(tiny_run, device="cpu")
+    run.forget([int(i) for i in run.bank.ids[:30]], operator="t", evaluate=False)
+    r = evaluate_against_oracle(run, progress=False)
+    c, mine, orc = r["control"], r["run"], r["oracle"]
+    assert c["FA"] == mine["FA_remembered"] and c["MIA"] == mine["MIA_remembered"]
+    by_hand = np.mean([abs(mine["TA"] - orc["TA"]), abs(mine["RA"] - orc["RA"]), abs(c["FA"] - orc["FA"]),
+                       abs(c["MIA"] - orc["MIA"])])
+    assert c["AvgGap"] == pytest.approx(by_hand)

@@ -151,7 +151,7 @@ def test_remembered_reference_weights_each_class_by_the_deleted_samples_and_matc
     scikit-learn's roc_auc_score per class and a weighted mean written out by hand."""
     from sklearn.metrics import roc_auc_score
 
-    from munkey_core.eval.evaluate import remembered_reference
+    from munkey_core.eval.metrics import remembered_reference
 
     rng = np.random.default_rng(3)
     r_y, t_y = rng.integers(0, 3, size=300), rng.integers(0, 4, size=200)  # held: classes 0-2; test: 0-3
