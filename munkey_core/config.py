@@ -328,4 +328,5 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
 
 
 __all__ = ["ModelConfig", "TrainConfig", "Profile", "PROFILES", "resolve_profile", "resolve_device",
-           "FORGETTING_MEASURED", "forgetting_note", "recipe_changes", "with_overrides", "recorded_settings", "from_dict", "asdict"]
+           "FORGETTING_MEASURED", "forgetting_note", "recipe_changes", "with_overrides", "recorded_settings",
+           "from_dict", "asdict"]

@@ -53,8 +53,8 @@ def show_verdicts(assessment: dict | None) -> None:
         "samples still held read": fmt(v.get("remembered"), 1, " %"),
         "samples": fmt(v["n"], 0), "verdict": v["verdict"]} for v in assessment["verdicts"]]), hide_index=True)
     st.caption("\"Samples still held read\": the same measure on training samples the model still holds, of the "
-               "same classes: what a sample it still remembered would read. \"Forgotten\" needs an interval that "
-               "holds the target and leaves that out; where it holds both, the page says it cannot tell.")
+               "same classes: what a sample it still remembered would read. \"Forgotten\" needs the value at the "
+               "target and clearly below that (beyond both uncertainties); otherwise the page says it cannot tell.")
 
 
 def show_same_class(same: dict | None) -> None:

@@ -77,9 +77,10 @@ def remembered_reference(retain_probs: np.ndarray, retain_labels: np.ndarray, te
     samples (MIA_remembered), both in percent, and how many samples they are worth (n_remembered: Kish's
     effective count of the reweighted mean, as `class_matched_n`; the verdicts widen by it).
 
-    The forgetting verdicts' positive control (eval/verdicts.py; the oracle verdict's too, eval/floors.py): a deleted sample the model still
-    remembered would read like these, so "forgotten" needs an interval that leaves them out; where it
-    holds them, the numbers cannot tell forgotten from remembered. Probabilities (N, C); labels (N,).
+    The forgetting verdicts' positive control (eval/verdicts.py; the oracle verdict's too, eval/floors.py):
+    a deleted sample the model still remembered would read like these, so "forgotten" needs a value clearly
+    below them; where it is not, the numbers cannot tell forgotten from remembered. Probabilities (N, C);
+    labels (N,).
     None where no class of the deleted samples has a retained and a test sample."""
     r_loss, t_loss = cross_entropy(retain_probs, retain_labels), cross_entropy(test_probs, test_labels)
     r_ok = retain_probs.argmax(axis=1) == retain_labels

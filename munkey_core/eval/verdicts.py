@@ -6,13 +6,13 @@ target (what a model that never saw the data gives) and a 95 % interval from the
 says one of three words:
 
 - "forgotten": the interval holds the target (or the value is on the forgotten side of it), it is
-  narrow enough (half-width <= `tolerance`) to mean something, and it leaves out what a remembered
-  sample reads (`remembered`: the same measure on training samples the model still holds, of the same
-  classes; evaluate.remembered_reference), so the measure could have told a remembered sample apart;
+  narrow enough (half-width <= `tolerance`) to mean something, and the value is clearly below what a
+  remembered sample reads (`remembered`: the same measure on training samples the model still holds, of
+  the same classes; metrics.remembered_reference), so the measure could have told a remembered sample apart;
 - "not yet": the whole interval is on the remembered side of the target;
-- "cannot tell": nothing measured, too few samples for the interval to decide, or an interval that holds
-  the target and the remembered value alike (a request of 30 images at FA 100 % against unseen samples at
-  92 % fits both), or, for FA and MIA, no remembered value to check that against.
+- "cannot tell": nothing measured, too few samples for the interval to decide, a value not clearly below
+  the remembered one (a request of 30 images at FA 100 % against unseen samples at 92 % fits both), a
+  remembered value no higher than the target (no power), or, for FA and MIA, no remembered value.
 
 Targets: FA against the accuracy on unseen (test) samples of the same classes (`class_matched_accuracy`)
 or an oracle's FA; MIA (AUC %) against 50 (indistinguishable from unseen data); Af against the
@@ -216,7 +216,8 @@ def clear_of_remembered(metric: str, value: float, n: int, n_ref: int | None, re
 def forgetting_verdicts(after: dict, *, fa_target: float | None, fa_target_label: str,
                         n_ref: int | None = None, fa_target_n: float | None = None) -> list[dict]:
     """Verdicts for an evaluation's FA and MIA (the `evaluate` dict: FA, MIA, n_forget, n_test, and
-    FA_remembered / MIA_remembered, evaluate.remembered_reference: without them neither says "forgotten").
+    FA_remembered / MIA_remembered / n_remembered, metrics.remembered_reference: without them neither says
+    "forgotten").
     `fa_target_n`: the effective count of the samples `fa_target` was measured on (`class_matched_n`)."""
     n_forget = after.get("n_forget")
     why = (NO_HELD_SAMPLE if "FA_remembered" in after else  # measured: no held sample of these classes

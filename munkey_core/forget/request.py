@@ -65,7 +65,8 @@ CRASH_STEPS = ("validated", "journal", "forgotten", "checkpoint", "checkpoints",
 MAX_ID = 2 ** 63 - 1  # ids are int64
 REFUSAL_IDS_KEPT = 100  # ids a refusal's log entry lists (with the count and a hash of all)
 _METRIC_KEYS = ("TA", "RA", "FA", "MIA", "Ps", "A_img", "A_tok", "n_test", "n_retain", "n_forget", "bank_size",
-                "deleted", "time", "MIA_attack", "bank_fingerprint", "FA_remembered", "MIA_remembered", "n_remembered")
+                "deleted", "time", "MIA_attack", "bank_fingerprint", "FA_remembered", "MIA_remembered",
+                "n_remembered")
 
 
 @dataclass(frozen=True)
