@@ -268,13 +268,24 @@ _NOT_RECIPE = frozenset({"seed", "split_seed", "in_chans", "num_classes"})  # se
 
 def recipe_changes(config: dict[str, Any]) -> dict[str, Any]:
     """The settings a run's config.json records that differ from its profile's recipe for its dataset
-    ({name: value}; seeds and data-given sizes aside); {} for a profile this version does not know."""
+    ({name: value}; seeds and data-given sizes aside, and a training-set cap that selects the same images:
+    any cap above the images the run used is no cap; one equal to them reads as a change, since config.json
+    cannot say whether it bound); {} for a profile this version does not know."""
     prof, dataset = PROFILES.get(config.get("profile", "")), config.get("dataset", "")
     if prof is None:
         return {}
     want = {**asdict(prof.model_for(dataset)), **asdict(prof.train_for(dataset))}
     got = {**config.get("model", {}), **config.get("train", {})}
-    return {k: v for k, v in got.items() if k in want and k not in _NOT_RECIPE and want[k] != v}
+    used = int(config.get("train_size", 0)) + int(config.get("excluded_ids") or 0)  # images the cap left
+
+    def same(k: str) -> bool:
+        if k != "max_train" or not used:
+            return want[k] == got[k]
+        if got[k] and got[k] <= used:  # the run's cap chose its images: only that cap chooses them again
+            return want[k] == got[k]
+        return not want[k] or want[k] >= used  # the run had the whole split: so does any cap at or above it
+
+    return {k: v for k, v in got.items() if k in want and k not in _NOT_RECIPE and not same(k)}
 
 
 def forgetting_note(profile: str, dataset: str, changes: dict[str, Any] | None = None) -> str | None:
@@ -288,7 +299,8 @@ def forgetting_note(profile: str, dataset: str, changes: dict[str, Any] | None =
         return (f"Forgetting by key deletion has not been measured for the {profile} profile on {dataset} "
                 f"(measured: {measured}); {how}")
     if changes:
-        changed = ", ".join(f"{k} {v}" for k, v in sorted(changes.items()))
+        changed = ", ".join(f"{k} {v}" + (" (every training image)" if k == "max_train" and not v else "")
+                            for k, v in sorted(changes.items()))
         return (f"Forgetting by key deletion was measured for the {profile} profile's own recipe on {dataset}, not "
                 f"with this run's changes ({changed}); {how}")
     return None

@@ -32,7 +32,8 @@ def _receipt_verdicts(evidence: dict, n_test: int | None, target_n: float | None
     verdict (eval/verdicts.py), and what it cannot show."""
     after = {"FA": evidence.get("request_FA_after"), "MIA": evidence.get("request_MIA"),
              "n_forget": evidence.get("ids_checked"), "n_test": n_test,
-             "FA_remembered": evidence.get("FA_remembered"), "MIA_remembered": evidence.get("MIA_remembered")}
+             "FA_remembered": evidence.get("FA_remembered"), "MIA_remembered": evidence.get("MIA_remembered"),
+             "n_remembered": evidence.get("n_remembered")}
     found = forgetting_verdicts(after, fa_target=evidence.get("TA_same_classes"), fa_target_n=target_n,
                                 fa_target_label="on unseen test samples of the same classes")
     lines = ["\nthe receipt's reading of the deleted samples:"]

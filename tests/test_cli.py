@@ -264,3 +264,14 @@ def test_train_says_when_forgetting_was_not_measured_for_its_profile(tmp_path: P
     assert recipe_changes(config) == {"absent_skip_hardest": 0.0, "epochs": 5}
     said = forgetting_note("cpu", "digits", recipe_changes(config))
     assert "not with this run's changes (absent_skip_hardest 0.0, epochs 5)" in said
+    # a training-set cap that selects the same images is no change: digits' 1,258 images under any cap above
+    config = {**config, "train": {**asdict(prof.train_for("digits"))}, "train_size": 1258, "excluded_ids": 0}
+    for cap in (0, 1259, 20000):  # (a cap of exactly 1,258 reads as a change: the config cannot say it did not bind)
+        assert recipe_changes({**config, "train": {**config["train"], "max_train": cap}}) == {}, cap
+    assert recipe_changes({**config, "train": {**config["train"], "max_train": 600}, "train_size": 600}) == {
+        "max_train": 600}  # a cap that bound: other images
+    fashion = {"profile": "cpu", "dataset": "fashion-mnist", "train_size": 54000, "excluded_ids": 0,
+               "model": asdict(prof.model_for("fashion-mnist")),
+               "train": {**asdict(prof.train_for("fashion-mnist")), "max_train": 0}}
+    assert recipe_changes(fashion) == {"max_train": 0}  # the whole split, where the profile takes 10,000
+    assert "max_train 0 (every training image)" in forgetting_note("cpu", "fashion-mnist", {"max_train": 0})

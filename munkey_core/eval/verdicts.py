@@ -40,8 +40,9 @@ TOLERANCE = {"FA": 15.0, "MIA": 15.0, "Af": 10.0}  # widest half-interval (point
 # for one single-image request in ten.
 MIN_AUC_SAMPLES = 5
 NO_HELD_SAMPLE = ("the model holds no training sample of these classes any more (or none among the evaluated "
-                  "ones), so nothing shows the measure could tell a remembered sample apart; a retrained model "
-                  "tells: `munkey evaluate RUN --oracle --noise-floor 2`.")
+                  "ones), so nothing shows the measure could tell a remembered sample apart, here or against a "
+                  "retrained model (a whole class deleted: its samples can no longer be retrieved, which the "
+                  "retrieval check shows).")
 
 
 def finite_number(x) -> bool:
@@ -220,13 +221,16 @@ def forgetting_verdicts(after: dict, *, fa_target: float | None, fa_target_label
     "forgotten").
     `fa_target_n`: the effective count of the samples `fa_target` was measured on (`class_matched_n`)."""
     n_forget = after.get("n_forget")
+    # the class-balanced AUC compares each class's deleted samples with that class's unseen ones: its
+    # negatives are worth the reweighted test set's effective count (a one-class request: that class's), not all
+    n_ref = n_ref or (int(fa_target_n) if finite_number(fa_target_n) and fa_target_n >= 1 else after.get("n_test"))
     why = (NO_HELD_SAMPLE if "FA_remembered" in after else  # measured: no held sample of these classes
            "this evaluation predates the reading of training samples the model still holds, so nothing shows "
            "the measure could tell a remembered sample apart; evaluate again (`munkey evaluate RUN`).")
     control = {"remembered_n": after.get("n_remembered"), "needs_remembered": True, "no_remembered_reason": why}
     return [verdict("FA", after.get("FA"), fa_target, n=n_forget, target_label=fa_target_label,
                     target_n=fa_target_n, remembered=after.get("FA_remembered"), **control),
-            verdict("MIA", after.get("MIA"), 50.0, n=n_forget, n_ref=n_ref or after.get("n_test"),
+            verdict("MIA", after.get("MIA"), 50.0, n=n_forget, n_ref=n_ref,
                     target_label="(50 = indistinguishable from unseen data)",
                     remembered=after.get("MIA_remembered"), **control)]
 

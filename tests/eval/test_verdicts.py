@@ -176,6 +176,20 @@ def test_a_control_that_reads_like_unseen_samples_cannot_support_forgotten() -> 
     assert "no training sample of these classes" in whole_class[0]["reason"]
 
 
+def test_a_one_class_requests_attack_is_judged_on_that_classs_unseen_samples() -> None:
+    """The class-balanced AUC of a one-class request rests on that class's unseen samples (36 of 359 on
+    digits), so its interval, and the control's, widen by that count (`fa_target_n`), not the whole test set:
+    60 images at AUC 52 against held samples at 63.3 cannot tell apart what 359 negatives would have."""
+    after = {"FA": 88.0, "MIA": 52.0, "n_forget": 60, "n_test": 359, "FA_remembered": 100.0, "MIA_remembered": 63.3,
+             "n_remembered": 113.0}
+    one_class = V.forgetting_verdicts(after, fa_target=90.0, fa_target_label="(unseen)", fa_target_n=36)
+    assert one_class[1]["verdict"] == V.CANNOT_TELL
+    assert V.verdict("MIA", 52.0, 50.0, n=60, n_ref=359, remembered=63.3, remembered_n=113)["verdict"] == V.FORGOTTEN
+    every_class = V.forgetting_verdicts({**after, "n_forget": 400, "n_remembered": 1000.0}, fa_target=90.0,
+                                        fa_target_label="(unseen)", fa_target_n=359)
+    assert every_class[1]["verdict"] == V.FORGOTTEN
+
+
 def test_the_power_table_script_prints_what_the_docs_show() -> None:
     """scripts/verdict_power.py, the table of evaluation.md section 5: it runs, and at its committed seed and
     trial count it prints the committed table (docs/results/verdict_power.txt)."""
